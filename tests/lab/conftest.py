@@ -1,0 +1,99 @@
+"""Fixtures for tests on the local lab. Every lab a test starts is taken down, also on failure."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vmmgr import console, workloads
+from vmmgr.fleet import Fleet
+from vmmgr.images import ensure_builtin
+from vmmgr.lab import Lab
+from vmmgr.paths import default_paths
+from vmmgr.spec import make_spec
+
+VMMGR = str(Path(sys.executable).parent / "vmmgr")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "/tests/lab/" in str(item.fspath):
+            item.add_marker(pytest.mark.lab)
+
+
+@pytest.fixture(scope="session")
+def paths():
+    if os.geteuid() != 0:
+        pytest.fail("the lab tests run as root: they create network namespaces and daemons")
+    return default_paths()
+
+
+@pytest.fixture(scope="session")
+def lab(paths):
+    lab = Lab(paths)
+    lab.down()  # leftovers of an earlier, crashed run
+    try:
+        lab.up(3)
+        yield lab
+    finally:
+        lab.down()
+
+
+@pytest.fixture
+def fleet(lab, paths):
+    with Fleet(paths) as f:
+        yield f
+
+
+@pytest.fixture
+def make_vm(fleet, paths):
+    """Create VMs running a built-in workload; every one is destroyed after the test."""
+    made = []
+    image = ensure_builtin(paths.images)
+
+    def make(name, host="host1", workload="counter", memory=128, **params):
+        line = workloads.cmdline(workload, {k: str(v) for k, v in params.items()})
+        spec = make_spec(name, memory_mib=memory, vcpus=1, kernel=image.kernel,
+                         initrd=image.initrd, cmdline=line, image_root=paths.images,
+                         workload=workload)
+        made.append(name)
+        return fleet.create(spec, host)
+
+    yield make
+    for name in made:
+        if fleet.find(name):
+            fleet.destroy(name)
+
+
+def cli(*args, check_code=None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([VMMGR, *args], capture_output=True, text=True, timeout=300)
+    if check_code is not None:
+        assert proc.returncode == check_code, (proc.returncode, proc.stdout, proc.stderr)
+    return proc
+
+
+def ticks(paths, vm) -> list[int]:
+    text = console.read(paths.consoles, vm).decode(errors="replace").replace("\r", "")
+    return [int(line.split()[1]) for line in text.splitlines() if line.startswith("tick ")]
+
+
+def wait_ticks(paths, vm, at_least: int, timeout: float = 60) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = ticks(paths, vm)
+        if len(seen) >= at_least:
+            return seen
+        time.sleep(0.2)
+    raise AssertionError(f"{vm} printed {len(ticks(paths, vm))} ticks, wanted {at_least}")
+
+
+def assert_contiguous(seq: list[int]) -> None:
+    assert seq, "no output"
+    assert seq == list(range(seq[0], seq[0] + len(seq))), f"gap or repeat in {seq}"
+
+
+def where_defined(fleet, vm) -> list[str]:
+    return [h.name for h in fleet.hosts() if h.find_guest(vm) is not None]

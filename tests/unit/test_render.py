@@ -1,0 +1,57 @@
+"""Golden-file tests of the domain XML. Regenerate on purpose with `pytest --regen-golden`."""
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from vmmgr.render import XMLNS, domain_xml, set_console_path
+from vmmgr.spec import VMSpec
+
+GOLDEN = Path(__file__).parent.parent / "golden"
+
+
+def spec(**over) -> VMSpec:
+    fields = dict(
+        name="web-1", memory_mib=128, vcpus=2,
+        kernel=Path("/srv/vmmgr/images/builtin/vmlinuz"),
+        initrd=Path("/srv/vmmgr/images/builtin/initramfs.gz"),
+        cmdline="console=ttyS0 quiet vmmgr.workload=counter",
+        workload="counter", uuid="8d1c7a3e-2b2f-4d8e-9a1b-3c4d5e6f7a8b",
+    )
+    return VMSpec(**(fields | over))
+
+
+@pytest.mark.parametrize("case,accel,over", [
+    ("counter-tcg", "tcg", {}),
+    ("counter-kvm", "kvm", {}),
+    ("no-initrd-tcg", "tcg", {"initrd": None, "workload": ""}),
+])
+def test_domain_xml_matches_golden(case, accel, over, regen_golden):
+    xml = domain_xml(spec(**over), accel=accel,
+                     console_path=Path("/srv/vmmgr/consoles/web-1/000001-host1.log"))
+    golden = GOLDEN / f"domain-{case}.xml"
+    if regen_golden:
+        golden.write_text(xml)
+    assert xml == golden.read_text()
+
+
+def test_values_are_escaped_even_if_validation_were_bypassed():
+    xml = domain_xml(spec(cmdline="a'/><evil/>", name="x"), accel="tcg",
+                     console_path=Path("/c/000001-h.log"))
+    root = ET.fromstring(xml)
+    assert root.find("./os/cmdline").text == "a'/><evil/>"
+    assert root.find(".//evil") is None
+
+
+def test_unknown_accel_is_refused():
+    with pytest.raises(ValueError):
+        domain_xml(spec(), accel="xen", console_path=Path("/c/1.log"))
+
+
+def test_set_console_path_moves_serial_and_console_and_keeps_metadata():
+    xml = domain_xml(spec(), accel="tcg", console_path=Path("/c/web-1/000001-host1.log"))
+    moved = ET.fromstring(set_console_path(xml, Path("/c/web-1/000002-host2.log")))
+    paths = {s.get("path") for s in moved.iter("source") if s.get("path")}
+    assert paths == {"/c/web-1/000002-host2.log"}
+    assert moved.find(f"./metadata/{{{XMLNS}}}vm/{{{XMLNS}}}workload").text == "counter"

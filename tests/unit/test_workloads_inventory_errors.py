@@ -1,0 +1,58 @@
+import libvirt
+import pytest
+
+from vmmgr.errors import Conflict, HostUnreachable, InvalidRequest, NotFound, VmmgrError
+from vmmgr.inventory import HostRecord, Inventory
+from vmmgr.libvirt_errors import translate
+from vmmgr.workloads import cmdline
+
+
+def test_counter_cmdline():
+    line = cmdline("counter", {"interval": "0.5", "count": "10"})
+    assert line.endswith("vmmgr.workload=counter vmmgr.interval=0.5 vmmgr.count=10")
+    assert "console=ttyS0" in line and "quiet" in line
+
+
+@pytest.mark.parametrize("workload,params,match", [
+    ("mine", {}, "unknown workload"),
+    ("counter", {"speed": "1"}, "no parameter"),
+    ("counter", {"count": "ten"}, "not a int"),
+    ("counter", {"interval": "-1"}, "negative"),
+])
+def test_bad_workloads(workload, params, match):
+    with pytest.raises(InvalidRequest, match=match):
+        cmdline(workload, params)
+
+
+def test_inventory_round_trip_and_refusals(tmp_path):
+    inv = Inventory(tmp_path / "hosts.json")
+    inv.add(HostRecord("host1", "qemu+tls://h1/system"))
+    inv.add(HostRecord("lab1", "qemu+tcp://10.0.0.1/system", "tcg", 1024, 4, lab=True))
+    assert inv.get("lab1").memory_mib == 1024
+    with pytest.raises(Conflict):
+        inv.add(HostRecord("host1", "x"))
+    with pytest.raises(NotFound, match="unknown host 'nope' \\(known hosts: host1, lab1\\)"):
+        inv.get("nope")
+    with pytest.raises(InvalidRequest):
+        inv.add(HostRecord("bad'/>", "x"))
+    inv.remove({"lab1"})
+    assert [r.name for r in inv.records()] == ["host1"]
+
+
+def libvirt_error(code_name: str, domain_name: str = "VIR_FROM_QEMU"):
+    err = libvirt.libvirtError("boom")
+    err.err = (getattr(libvirt, code_name), getattr(libvirt, domain_name), "boom msg",
+               2, None, None, None, 0, 0)
+    return err
+
+
+@pytest.mark.parametrize("code,domain,kind", [
+    ("VIR_ERR_NO_DOMAIN", "VIR_FROM_QEMU", NotFound),
+    ("VIR_ERR_OPERATION_INVALID", "VIR_FROM_QEMU", Conflict),
+    ("VIR_ERR_SYSTEM_ERROR", "VIR_FROM_RPC", HostUnreachable),
+    ("VIR_ERR_INTERNAL_ERROR", "VIR_FROM_QEMU", VmmgrError),
+])
+def test_translate(code, domain, kind):
+    translated = translate(libvirt_error(code, domain), "look up vm")
+    assert type(translated) is kind
+    assert str(translated) == "look up vm: boom msg"

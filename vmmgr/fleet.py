@@ -1,0 +1,128 @@
+"""The hosts in the inventory and the VMs on them.
+
+libvirt is the ground truth for where a VM is: `locate` asks the hosts. Creating and destroying
+VMs happens here; moving them is `migration`'s job.
+"""
+
+from dataclasses import dataclass
+
+from . import console
+from .errors import Conflict, HostUnreachable, InvalidRequest, NotFound, VmmgrError
+from .guest import Guest
+from .host import Host
+from .inventory import Inventory
+from .locks import vm_operation
+from .paths import Paths
+from .placement import refusal
+from .render import domain_xml
+from .spec import VMSpec, validate_name
+
+
+@dataclass(frozen=True)
+class VMInfo:
+    name: str
+    host: str
+    state: str
+    memory_mib: int
+    vcpus: int
+    workload: str
+
+
+class Fleet:
+    def __init__(self, paths: Paths):
+        self.paths = paths
+        self.inventory = Inventory(paths.inventory)
+        self._hosts: dict[str, Host] = {}
+
+    def __enter__(self) -> "Fleet":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for host in self._hosts.values():
+            host.close()
+        self._hosts.clear()
+
+    def host(self, name: str) -> Host:
+        record = self.inventory.get(name)  # NotFound for an unknown host
+        if name not in self._hosts:
+            self._hosts[name] = Host(record)
+        return self._hosts[name]
+
+    def hosts(self) -> list[Host]:
+        return [self.host(r.name) for r in self.inventory.records()]
+
+    def find(self, vm: str) -> Guest | None:
+        """The VM's guest on the host that runs it (or holds it defined), None if nowhere.
+
+        During a migration the VM exists on both hosts; the active side that is not paused for
+        an incoming migration wins, which is the source until the switch-over.
+        """
+        validate_name(vm)
+        found = []
+        for host in self.hosts():
+            try:
+                guest = host.find_guest(vm)
+            except HostUnreachable:
+                continue
+            if guest is not None:
+                found.append(guest)
+        if not found:
+            return None
+        found.sort(key=lambda g: (g.state() != "running", not g.is_persistent()))
+        return found[0]
+
+    def locate(self, vm: str) -> Guest:
+        guest = self.find(vm)
+        if guest is None:
+            raise NotFound(f"unknown VM {vm!r}")
+        return guest
+
+    def vms(self) -> list[VMInfo]:
+        infos = []
+        for host in self.hosts():
+            try:
+                guests = host.guests()
+            except HostUnreachable:
+                continue
+            for g in guests:
+                if g.is_persistent():  # the transient twin of an incoming migration is not a VM
+                    infos.append(
+                        VMInfo(g.name, host.name, g.state(), g.memory_mib(), g.vcpus(), g.workload())
+                    )
+        return sorted(infos, key=lambda i: i.name)
+
+    def create(self, spec: VMSpec, host_name: str) -> Guest:
+        """Define and start `spec` on a host; on any failure nothing is left defined."""
+        host = self.host(host_name)
+        with vm_operation(self.paths.locks, spec.name, f"create on {host_name}"):
+            if self.find(spec.name) is not None:
+                raise Conflict(f"VM {spec.name!r} already exists")
+            reason = refusal(host.capacity(), spec.memory_mib, spec.vcpus)
+            if reason:
+                raise Conflict(f"host {host_name} has no room for {spec.name}: {reason}")
+            console.remove(self.paths.consoles, spec.name)
+            path = console.next_segment(self.paths.consoles, spec.name, host_name)
+            guest = host.define(domain_xml(spec, accel=host.accel, console_path=path))
+            try:
+                guest.start()
+            except VmmgrError:
+                guest.undefine()
+                raise
+            return guest
+
+    def destroy(self, vm: str) -> str:
+        """Power the VM off and remove it everywhere, console logs included; returns its host."""
+        with vm_operation(self.paths.locks, vm, "destroy"):
+            guest = self.locate(vm)
+            guest.destroy()
+            guest.undefine()
+            console.remove(self.paths.consoles, vm)
+            return guest.host_name
+
+
+def require_other_host(guest: Guest, target: str) -> None:
+    if guest.host_name == target:
+        raise InvalidRequest(f"VM {guest.name!r} already runs on {target}")

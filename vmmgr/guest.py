@@ -1,0 +1,100 @@
+"""A thin wrapper over one libvirt domain on one host."""
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import libvirt
+
+from .libvirt_errors import translated
+from .render import XMLNS
+
+_STATES = {
+    libvirt.VIR_DOMAIN_NOSTATE: "nostate",
+    libvirt.VIR_DOMAIN_RUNNING: "running",
+    libvirt.VIR_DOMAIN_BLOCKED: "running",  # idle vCPUs: running as far as an operator cares
+    libvirt.VIR_DOMAIN_PAUSED: "paused",
+    libvirt.VIR_DOMAIN_SHUTDOWN: "shutting-down",
+    libvirt.VIR_DOMAIN_SHUTOFF: "shutoff",
+    libvirt.VIR_DOMAIN_CRASHED: "crashed",
+    libvirt.VIR_DOMAIN_PMSUSPENDED: "pmsuspended",
+}
+
+
+class Guest:
+    def __init__(self, domain: libvirt.virDomain, host_name: str):
+        self._dom = domain
+        self.host_name = host_name
+
+    def __repr__(self) -> str:
+        return f"<Guest {self.name} on {self.host_name}>"
+
+    @property
+    def name(self) -> str:
+        return self._dom.name()
+
+    @property
+    def uuid(self) -> str:
+        return self._dom.UUIDString()
+
+    @property
+    def domain(self) -> libvirt.virDomain:
+        """The libvirt handle, for the few core modules (migration) that drive it directly."""
+        return self._dom
+
+    def state(self) -> str:
+        with translated(f"state of {self.name}"):
+            code, _reason = self._dom.state()
+        return _STATES.get(code, "unknown")
+
+    def is_active(self) -> bool:
+        with translated(f"state of {self.name}"):
+            return bool(self._dom.isActive())
+
+    def is_persistent(self) -> bool:
+        with translated(f"state of {self.name}"):
+            return bool(self._dom.isPersistent())
+
+    def memory_mib(self) -> int:
+        with translated(f"memory of {self.name}"):
+            return self._dom.maxMemory() // 1024
+
+    def vcpus(self) -> int:
+        with translated(f"vCPUs of {self.name}"):
+            return self._dom.info()[3]
+
+    def xml(self, migratable: bool = False) -> str:
+        flags = libvirt.VIR_DOMAIN_XML_MIGRATABLE if migratable else 0
+        with translated(f"XML of {self.name}"):
+            return self._dom.XMLDesc(flags)
+
+    def console_path(self) -> Path | None:
+        source = ET.fromstring(self.xml()).find("./devices/serial/source")
+        return Path(source.get("path")) if source is not None and source.get("path") else None
+
+    def workload(self) -> str:
+        node = ET.fromstring(self.xml()).find(f"./metadata/{{{XMLNS}}}vm/{{{XMLNS}}}workload")
+        return (node.text or "") if node is not None else ""
+
+    def start(self) -> None:
+        with translated(f"start {self.name} on {self.host_name}"):
+            self._dom.create()
+
+    def destroy(self) -> None:
+        """Power off at once (no guest shutdown)."""
+        with translated(f"destroy {self.name} on {self.host_name}"):
+            if self._dom.isActive():
+                self._dom.destroy()
+
+    def undefine(self) -> None:
+        with translated(f"undefine {self.name} on {self.host_name}"):
+            if self._dom.isPersistent():
+                self._dom.undefine()
+
+    def job_stats(self, completed: bool = False) -> dict:
+        flags = libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED if completed else 0
+        with translated(f"job stats of {self.name}"):
+            return self._dom.jobStats(flags)
+
+    def abort_job(self) -> None:
+        with translated(f"abort job of {self.name}"):
+            self._dom.abortJob()

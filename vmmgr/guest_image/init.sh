@@ -1,0 +1,43 @@
+#!/bin/sh
+# /init of vmmgr's built-in guest (busybox-static initramfs).
+# Parameters come from the kernel command line as vmmgr.KEY=VALUE words.
+# Everything a workload prints goes to the serial console: that output is what the tests compare
+# across moves, so nothing else (no kernel messages: `quiet loglevel=0`) may write there.
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+
+param() {  # param KEY DEFAULT
+  for word in $(cat /proc/cmdline); do
+    case "$word" in "vmmgr.$1="*) echo "${word#*=}"; return ;; esac
+  done
+  echo "$2"
+}
+
+# virtio drivers are modules in Debian's cloud kernel; load them in dependency order.
+for m in virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci \
+         failover net_failover virtio_net virtio_blk virtio_console; do
+  [ -f "/lib/modules/$m.ko" ] && insmod "/lib/modules/$m.ko" 2>/dev/null
+done
+
+counter() {  # prints "tick N" every INTERVAL seconds; stops after COUNT ticks when COUNT > 0
+  interval=$(param interval 0.2)
+  count=$(param count 0)
+  i=0
+  while [ "$count" -eq 0 ] || [ "$i" -lt "$count" ]; do
+    echo "tick $i"
+    i=$((i + 1))
+    sleep "$interval"
+  done
+  echo "counter done"
+}
+
+case "$(param workload idle)" in
+  probe) echo "vmmgr-probe-ok"; poweroff -f ;;
+  counter) counter ;;
+  idle) ;;
+  *) echo "unknown workload $(param workload idle)" ;;
+esac
+# A workload that ends leaves the VM idle (and migratable), never halted.
+while true; do sleep 3600; done

@@ -1,0 +1,59 @@
+"""The hosts vmmgr manages: a JSON file on the control node.
+
+A record says how to reach a host's libvirtd, which accelerator its VMs use and how much memory
+and how many vCPUs vmmgr may hand out there (what placement counts against).
+"""
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .errors import Conflict, InvalidRequest, NotFound
+from .spec import validate_name
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    name: str
+    uri: str
+    accel: str = "kvm"
+    memory_mib: int = 0  # 0: everything the host reports
+    vcpus: int = 0  # 0: the host's CPU count
+    lab: bool = False  # made by `vmmgr lab up`, removed by `lab down`
+
+
+class Inventory:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def records(self) -> list[HostRecord]:
+        if not self.path.exists():
+            return []
+        data = json.loads(self.path.read_text())
+        return [HostRecord(**h) for h in data.get("hosts", [])]
+
+    def get(self, name: str) -> HostRecord:
+        for record in self.records():
+            if record.name == name:
+                return record
+        known = ", ".join(r.name for r in self.records()) or "none"
+        raise NotFound(f"unknown host {name!r} (known hosts: {known})")
+
+    def add(self, record: HostRecord, replace: bool = False) -> None:
+        validate_name(record.name, "host")
+        if record.accel not in ("kvm", "tcg"):
+            raise InvalidRequest(f"accel must be 'kvm' or 'tcg', not {record.accel!r}")
+        records = [r for r in self.records() if r.name != record.name]
+        if not replace and len(records) != len(self.records()):
+            raise Conflict(f"host {record.name!r} already exists")
+        self._write(records + [record])
+
+    def remove(self, names: set[str]) -> None:
+        self._write([r for r in self.records() if r.name not in names])
+
+    def _write(self, records: list[HostRecord]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"hosts": [asdict(r) for r in records]}, indent=2) + "\n")
+        os.replace(tmp, self.path)

@@ -1,0 +1,406 @@
+"""The local lab: several hosts on one machine.
+
+A host is a network namespace with its own mount and UTS namespaces and its own libvirtd (own
+config, state, run, log and cache directories, host UUID and hostname), reachable from the root
+namespace over TCP on an inter-host bridge. Every host also gets a guest bridge with the same
+gateway address and MAC, and sees the same storage directory at the same path (the root file
+system is shared; only libvirt's directories are bind-mounted per host).
+
+Everything the lab makes is named with the `vmmgr-` prefix, so `down` finds and removes it even
+after a crashed run that left no state behind. The unauthenticated TCP settings below exist only
+here, never in the production path.
+"""
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import libvirt
+
+from .errors import VmmgrError
+from .images import BuiltinImage, ensure_builtin
+from . import libvirt_errors  # noqa: F401  (keeps libvirt from printing errors we handle)
+from .inventory import HostRecord, Inventory
+from .paths import Paths
+from .workloads import BASE_CMDLINE
+
+PREFIX = "vmmgr-"
+BRIDGE = "vmmgr-br0"
+SUBNET = "10.77.0"
+BRIDGE_CIDR = f"{SUBNET}.1/24"
+GUEST_BRIDGE = "br-guest"
+GUEST_GATEWAY_CIDR = "10.78.0.1/24"
+GUEST_GATEWAY_MAC = "02:76:6d:00:00:01"
+HOST_MEMORY_MIB = 1024  # what each lab host offers VMs: small, so "no room" is easy to reach
+HOST_VCPUS = 4
+LIBVIRT_DIRS = {  # per-host folder -> the path libvirtd sees
+    "etc": "/etc/libvirt",
+    "run": "/run/libvirt",
+    "lib": "/var/lib/libvirt",
+    "log": "/var/log/libvirt",
+    "cache": "/var/cache/libvirt",
+}
+EMULATOR = "/usr/bin/qemu-system-x86_64"
+CAPS = "qemu/capabilities"  # libvirtd's probe of QEMU, 15-25 s on first start: shared between hosts
+READY_TIMEOUT = 90
+
+
+@dataclass(frozen=True)
+class LabHost:
+    name: str
+    index: int
+
+    @property
+    def namespace(self) -> str:
+        return f"{PREFIX}{self.name}"
+
+    @property
+    def ip(self) -> str:
+        return f"{SUBNET}.{10 + self.index}"
+
+    @property
+    def uri(self) -> str:
+        return f"qemu+tcp://{self.ip}/system"
+
+    @property
+    def uuid(self) -> str:
+        # Distinct per host: libvirt refuses to migrate to a host with its own UUID.
+        return str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{self.name}.lab.vmmgr"))
+
+
+def lab_host(index: int) -> LabHost:
+    return LabHost(f"host{index}", index)
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    name: str
+    ip: str
+    namespace: bool
+    libvirtd_pid: int | None
+    reachable: bool
+    vms: int
+
+
+class Lab:
+    def __init__(self, paths: Paths, log=lambda msg: None):
+        self.paths = paths
+        self.root = paths.lab
+        self.log = log
+
+    # ---- public verbs -------------------------------------------------------------------
+
+    def up(self, hosts: int = 3, accel: str | None = None) -> list[HostRecord]:
+        """Make sure hosts 1..N run; repair any that are half there. Returns their records."""
+        if not 1 <= hosts <= 9:
+            raise VmmgrError("the lab has 1 to 9 hosts")
+        with self._lock():
+            image = ensure_builtin(self.paths.images, self.log)
+            accel = accel or self._detect_accel(image)
+            _ensure_root_bridge()
+            wanted = [lab_host(i) for i in range(1, hosts + 1)]
+            pending = [h for h in wanted if not self._healthy(h)]
+            for h in pending:
+                self._remove_host(h)
+            # The first daemon probes QEMU; later ones start from its cached answer.
+            if pending and not self._caps_cache().is_dir():
+                self._start_host(pending[0])
+                self._wait_ready(pending[0])
+                self._probe_and_save_caps(pending[0])
+                pending = pending[1:]
+            for h in pending:
+                self._start_host(h)
+            for h in pending:
+                self._wait_ready(h)
+            records = [
+                HostRecord(h.name, h.uri, accel, HOST_MEMORY_MIB, HOST_VCPUS, lab=True)
+                for h in self.running_hosts()
+            ]
+            inventory = Inventory(self.paths.inventory)
+            for r in records:
+                inventory.add(r, replace=True)
+            self._write_state({"accel": accel})
+            return records
+
+    def down(self) -> list[str]:
+        """Remove every namespace, daemon, QEMU process and link the lab made; returns what went."""
+        with self._lock():
+            removed = []
+            for ns in _namespaces():
+                _kill_namespace_processes(ns)
+                _run(["ip", "netns", "delete", ns], check=False)
+                removed.append(ns)
+            for link in _links():
+                _run(["ip", "link", "delete", link], check=False)
+                removed.append(link)
+            shutil.rmtree(self.root / "hosts", ignore_errors=True)
+            inventory = Inventory(self.paths.inventory)
+            inventory.remove({r.name for r in inventory.records() if r.lab})
+            # The lab's VMs are gone, and so are their consoles.
+            shutil.rmtree(self.paths.consoles, ignore_errors=True)
+            (self.root / "state.json").unlink(missing_ok=True)
+            return removed
+
+    def status(self) -> list[HostStatus]:
+        result = []
+        present = set(_namespaces())
+        for h in self.running_hosts(include_broken=True):
+            pid = self._libvirtd_pid(h)
+            vms = self._count_vms(h) if pid else None
+            result.append(
+                HostStatus(h.name, h.ip, h.namespace in present, pid, vms is not None, vms or 0)
+            )
+        return result
+
+    def accel(self) -> str | None:
+        return self._read_state().get("accel")
+
+    def running_hosts(self, include_broken: bool = False) -> list[LabHost]:
+        hosts = []
+        for ns in _namespaces():
+            name = ns.removeprefix(PREFIX)
+            if name.startswith("host") and name[4:].isdigit():
+                h = lab_host(int(name[4:]))
+                if include_broken or self._healthy(h):
+                    hosts.append(h)
+        return sorted(hosts, key=lambda h: h.index)
+
+    # ---- accelerator --------------------------------------------------------------------
+
+    def _detect_accel(self, image: BuiltinImage) -> str:
+        cached = self.root / "accel"
+        if cached.exists():
+            return cached.read_text().strip()
+        accel = probe_accel(image)
+        self.log(f"accelerator: {accel}")
+        self.root.mkdir(parents=True, exist_ok=True)
+        cached.write_text(accel + "\n")
+        return accel
+
+    # ---- one host -----------------------------------------------------------------------
+
+    def _host_dir(self, h: LabHost) -> Path:
+        return self.root / "hosts" / h.name
+
+    def _healthy(self, h: LabHost) -> bool:
+        return h.namespace in _namespaces() and self._count_vms(h) is not None
+
+    def _count_vms(self, h: LabHost) -> int | None:
+        try:
+            conn = libvirt.open(h.uri)
+        except libvirt.libvirtError:
+            return None
+        try:
+            return len(conn.listAllDomains())
+        finally:
+            conn.close()
+
+    def _libvirtd_pid(self, h: LabHost) -> int | None:
+        try:
+            pid = int((self._host_dir(h) / "run" / "libvirtd.pid").read_text())
+            os.kill(pid, 0)
+            return pid
+        except (FileNotFoundError, ValueError, ProcessLookupError):
+            return None
+
+    def _remove_host(self, h: LabHost) -> None:
+        if h.namespace in _namespaces():
+            _kill_namespace_processes(h.namespace)
+            _run(["ip", "netns", "delete", h.namespace], check=False)
+        if h.namespace in _links():
+            _run(["ip", "link", "delete", h.namespace], check=False)
+        shutil.rmtree(self._host_dir(h), ignore_errors=True)
+
+    def _start_host(self, h: LabHost) -> None:
+        self.log(f"starting {h.name} ({h.ip})")
+        ns, veth = h.namespace, h.namespace
+        _run(["ip", "netns", "add", ns])
+        _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns])
+        _run(["ip", "link", "set", veth, "master", BRIDGE, "up"])
+        _run(["ip", "-n", ns, "addr", "add", f"{h.ip}/24", "dev", "eth0"])
+        _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        _run(["ip", "-n", ns, "link", "add", GUEST_BRIDGE, "type", "bridge"])
+        _run(["ip", "-n", ns, "link", "set", GUEST_BRIDGE, "address", GUEST_GATEWAY_MAC])
+        _run(["ip", "-n", ns, "addr", "add", GUEST_GATEWAY_CIDR, "dev", GUEST_BRIDGE])
+        _run(["ip", "-n", ns, "link", "set", GUEST_BRIDGE, "up"])
+
+        d = self._host_dir(h)
+        for sub in LIBVIRT_DIRS:
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        (d / "etc" / "libvirtd.conf").write_text(_libvirtd_conf(h))
+        (d / "etc" / "qemu.conf").write_text(_qemu_conf(h))
+        if self._caps_cache().is_dir():
+            shutil.copytree(self._caps_cache(), d / "cache" / CAPS, dirs_exist_ok=True)
+        binds = " ".join(f"{d / sub}:{target}" for sub, target in LIBVIRT_DIRS.items())
+        script = (
+            'set -e; hostname "$1"; for pair in $2; do src=${pair%%:*}; dst=${pair#*:}; '
+            'mkdir -p "$dst"; mount --bind "$src" "$dst"; done; '
+            "exec libvirtd --listen --pid-file /run/libvirt/libvirtd.pid"
+        )
+        with open(d / "libvirtd.stderr", "wb") as err:
+            # ip, unshare and sh all exec: the PID we start is libvirtd's own.
+            subprocess.Popen(
+                ["ip", "netns", "exec", ns, "unshare", "-m", "-u", "--propagation", "private",
+                 "sh", "-c", script, "lab-host", h.name, binds],
+                stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
+            )
+
+    def _wait_ready(self, h: LabHost) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if self._count_vms(h) is not None:
+                return
+            time.sleep(0.3)
+        stderr = (self._host_dir(h) / "libvirtd.stderr").read_text(errors="replace")[-800:]
+        raise VmmgrError(f"libvirtd on {h.name} did not come up in {READY_TIMEOUT} s: {stderr}")
+
+    def _caps_cache(self) -> Path:
+        return self.root / "qemu-capabilities"
+
+    def _probe_and_save_caps(self, h: LabHost) -> None:
+        # libvirtd probes QEMU lazily, on the first VM: make it happen now, once for all hosts.
+        conn = libvirt.open(h.uri)
+        try:
+            conn.getDomainCapabilities(EMULATOR, "x86_64", None, "qemu")
+        finally:
+            conn.close()
+        probed = self._host_dir(h) / "cache" / CAPS
+        if probed.is_dir():
+            shutil.copytree(probed, self._caps_cache(), dirs_exist_ok=True)
+
+    # ---- lab-wide state -----------------------------------------------------------------
+
+    @contextmanager
+    def _lock(self):
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
+    def _read_state(self) -> dict:
+        try:
+            return json.loads((self.root / "state.json").read_text())
+        except FileNotFoundError:
+            return {}
+
+    def _write_state(self, state: dict) -> None:
+        (self.root / "state.json").write_text(json.dumps(state) + "\n")
+
+
+def probe_accel(image: BuiltinImage, timeout: float = 15) -> str:
+    """'kvm' if a guest really boots under KVM here, else 'tcg'.
+
+    `/dev/kvm` existing proves nothing: a nested hypervisor may accept the ioctl and then abort or
+    hang the guest. So boot the built-in guest with the CPU model KVM domains get and wait for it
+    to say so.
+    """
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return "tcg"
+    cmd = [
+        "qemu-system-x86_64", "-machine", "accel=kvm", "-cpu", "host", "-m", "96",
+        "-display", "none", "-monitor", "none", "-serial", "stdio", "-no-reboot",
+        "-kernel", str(image.kernel), "-initrd", str(image.initrd),
+        "-append", f"{BASE_CMDLINE} vmmgr.workload=probe",
+    ]
+    try:
+        out = subprocess.run(cmd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return "tcg"
+    return "kvm" if b"vmmgr-probe-ok" in out.stdout else "tcg"
+
+
+def _libvirtd_conf(h: LabHost) -> str:
+    # Lab only: plain TCP without authentication, on an address nothing outside this machine sees.
+    return (
+        "listen_tls = 0\nlisten_tcp = 1\n"
+        f'listen_addr = "{h.ip}"\n'
+        'auth_tcp = "none"\nauth_unix_rw = "none"\n'
+        f'host_uuid = "{h.uuid}"\n'
+        'log_outputs = "3:file:/var/log/libvirt/libvirtd.log"\n'
+    )
+
+
+def _qemu_conf(h: LabHost) -> str:
+    # `ip netns exec` remounts /sys, so cgroups are not visible: libvirt must not use them.
+    return (
+        'user = "root"\ngroup = "root"\n'
+        "dynamic_ownership = 0\nremember_owner = 0\n"
+        'security_driver = "none"\n'
+        "cgroup_controllers = [ ]\nnamespaces = [ ]\n"
+        'stdio_handler = "file"\n'
+        'migration_address = "0.0.0.0"\n'
+        f'migration_host = "{h.ip}"\n'
+    )
+
+
+def _ensure_root_bridge() -> None:
+    if BRIDGE in _links():
+        return
+    _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+    _run(["ip", "addr", "add", BRIDGE_CIDR, "dev", BRIDGE])
+    _run(["ip", "link", "set", BRIDGE, "up"])
+
+
+def _namespaces() -> list[str]:
+    out = _run(["ip", "netns", "list"], check=False)
+    return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
+
+
+def _links() -> list[str]:
+    out = _run(["ip", "-o", "link", "show"], check=False)
+    names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
+    return [n for n in names if n.startswith(PREFIX)]
+
+
+def _kill_namespace_processes(ns: str, grace: float = 5.0) -> None:
+    """Stop every process in the namespace: QEMUs first (they outlive libvirtd), then the rest."""
+    def pids() -> list[int]:
+        out = _run(["ip", "netns", "pids", ns], check=False)
+        return [int(p) for p in out.split()]
+
+    def comm(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            return ""
+
+    for pid in pids():
+        if comm(pid).startswith("qemu"):
+            _signal(pid, signal.SIGKILL)
+    for pid in pids():
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in pids():
+        _signal(pid, signal.SIGKILL)
+    deadline = time.monotonic() + grace
+    while pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _run(cmd: list[str], check: bool = True) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        raise VmmgrError(f"{' '.join(cmd)}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def status_dicts(statuses: list[HostStatus]) -> list[dict]:
+    return [asdict(s) for s in statuses]

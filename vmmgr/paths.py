@@ -1,0 +1,43 @@
+"""Where vmmgr keeps its state on the control node.
+
+One root (`VMMGR_HOME`, default /var/lib/vmmgr). `storage` must be the same path on every host
+(shared storage in production; in the lab every host namespace sees the root file system).
+"""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Paths:
+    home: Path
+
+    @property
+    def storage(self) -> Path:
+        return self.home / "storage"
+
+    @property
+    def images(self) -> Path:
+        """Kernels, initrds and disks that VMs may boot from; nothing outside it is accepted."""
+        return self.storage / "images"
+
+    @property
+    def consoles(self) -> Path:
+        return self.storage / "consoles"
+
+    @property
+    def locks(self) -> Path:
+        return self.home / "locks"
+
+    @property
+    def inventory(self) -> Path:
+        return self.home / "hosts.json"
+
+    @property
+    def lab(self) -> Path:
+        return self.home / "lab"
+
+
+def default_paths() -> Paths:
+    return Paths(Path(os.environ.get("VMMGR_HOME", "/var/lib/vmmgr")))

@@ -1,0 +1,50 @@
+"""VM spec -> libvirt domain XML, through the Jinja2 templates in xml-templates/."""
+
+import sys
+import xml.etree.ElementTree as ET
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from .spec import VMSpec
+
+XMLNS = "https://vmmgr.dev/xmlns/vm/1"
+
+
+def _template_dir() -> Path:
+    # A source checkout (editable install) first, then the copy setup.cfg installs as data files.
+    for candidate in (
+        Path(__file__).resolve().parent.parent / "xml-templates",
+        Path(sys.prefix) / "share" / "vmmgr" / "xml-templates",
+    ):
+        if (candidate / "domain.xml.j2").is_file():
+            return candidate
+    raise FileNotFoundError("xml-templates/domain.xml.j2 not found")
+
+
+@lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(_template_dir()),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+
+
+def domain_xml(spec: VMSpec, *, accel: str, console_path: Path) -> str:
+    if accel not in ("kvm", "tcg"):
+        raise ValueError(f"accel must be 'kvm' or 'tcg', not {accel!r}")
+    return _env().get_template("domain.xml.j2").render(
+        spec=spec, accel=accel, console_path=str(console_path), xmlns=XMLNS
+    )
+
+
+def set_console_path(xml: str, path: Path) -> str:
+    """The same domain XML with its serial console (and the console that mirrors it) at `path`."""
+    ET.register_namespace("vmmgr", XMLNS)
+    root = ET.fromstring(xml)
+    for source in root.findall("./devices/serial/source") + root.findall("./devices/console/source"):
+        source.set("path", str(path))
+    return ET.tostring(root, encoding="unicode")

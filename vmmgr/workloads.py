@@ -1,0 +1,34 @@
+"""The built-in guest's workloads, turned into a kernel command line for `guest_image/init.sh`."""
+
+from .errors import InvalidRequest
+
+# Kernel and init stay silent on the serial console: only the workload writes there.
+BASE_CMDLINE = "console=ttyS0 quiet loglevel=0 panic=-1"
+
+WORKLOADS = {
+    # name: {parameter: (type, default)}
+    "counter": {"interval": (float, 0.2), "count": (int, 0)},
+    "idle": {},
+}
+
+
+def cmdline(workload: str, params: dict[str, str] | None = None) -> str:
+    """The command line for a built-in workload, parameters checked against their types."""
+    if workload not in WORKLOADS:
+        raise InvalidRequest(
+            f"unknown workload {workload!r} (built-in: {', '.join(sorted(WORKLOADS))})"
+        )
+    known = WORKLOADS[workload]
+    words = [BASE_CMDLINE, f"vmmgr.workload={workload}"]
+    for key, value in (params or {}).items():
+        if key not in known:
+            raise InvalidRequest(f"workload {workload} takes no parameter {key!r}")
+        kind, _default = known[key]
+        try:
+            parsed = kind(value)
+        except ValueError:
+            raise InvalidRequest(f"{workload} parameter {key}={value!r} is not a {kind.__name__}")
+        if parsed < 0:
+            raise InvalidRequest(f"{workload} parameter {key} must not be negative")
+        words.append(f"vmmgr.{key}={parsed}")
+    return " ".join(words)
