@@ -238,12 +238,16 @@ class Lab:
             (d / sub).mkdir(parents=True, exist_ok=True)
         (d / "etc" / "libvirtd.conf").write_text(_libvirtd_conf(h))
         (d / "etc" / "qemu.conf").write_text(_qemu_conf(h))
+        (d / "hosts").write_text(_etc_hosts())
         if self._caps_cache().is_dir():
             shutil.copytree(self._caps_cache(), d / "cache" / CAPS, dirs_exist_ok=True)
-        binds = " ".join(f"{d / sub}:{target}" for sub, target in LIBVIRT_DIRS.items())
+        binds = " ".join(
+            [f"{d / sub}:{target}" for sub, target in LIBVIRT_DIRS.items()]
+            + [f"{d / 'hosts'}:/etc/hosts"]
+        )
         script = (
             'set -e; hostname "$1"; for pair in $2; do src=${pair%%:*}; dst=${pair#*:}; '
-            'mkdir -p "$dst"; mount --bind "$src" "$dst"; done; '
+            'if [ -d "$src" ]; then mkdir -p "$dst"; fi; mount --bind "$src" "$dst"; done; '
             "exec libvirtd --listen --pid-file /run/libvirt/libvirtd.pid"
         )
         with open(d / "libvirtd.stderr", "wb") as err:
@@ -316,6 +320,13 @@ def probe_accel(image: BuiltinImage, timeout: float = 15) -> str:
     except subprocess.TimeoutExpired:
         return "tcg"
     return "kvm" if b"vmmgr-probe-ok" in out.stdout else "tcg"
+
+
+def _etc_hosts() -> str:
+    # libvirtd resolves its own hostname when it starts a QEMU: answer from a file, since DNS is
+    # not reachable from a lab namespace and a resolver timeout stalls every first start.
+    lines = ["127.0.0.1 localhost"] + [f"{lab_host(i).ip} {lab_host(i).name}" for i in range(1, 10)]
+    return "\n".join(lines) + "\n"
 
 
 def _libvirtd_conf(h: LabHost) -> str:
