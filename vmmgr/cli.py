@@ -1,7 +1,7 @@
 """The admin CLI, `vmmgr`. Each command is a few lines over the core.
 
 Exit codes: 0 success, 1 failure, 2 bad request or usage, 3 not found, 4 conflict (busy, no room,
-exists), 5 host unreachable, 6 migration failed (the VM still runs on its source).
+exists), 5 host unreachable, 6 migration failed or cancelled (the VM still runs on its source).
 """
 
 import json
@@ -16,9 +16,10 @@ from .errors import InvalidRequest, VmmgrError
 from .fleet import Fleet
 from .images import ensure_builtin
 from .lab import Lab, status_dicts
-from .migration import migrate as run_migration
+from .migration import cancel as cancel_migration, migrate as run_migration
 from .paths import Paths, default_paths
 from .placement import choose_host
+from .policy import DEFAULT_POLICY, POLICIES, get_policy
 from .spec import make_spec
 
 
@@ -249,39 +250,86 @@ def vm_destroy(paths: Paths, name: str) -> None:
 
 # ---- migration -----------------------------------------------------------------------------
 
-@cli.command()
+class _StartByDefault(click.Group):
+    """`vmmgr migrate NAME --to HOST` means `vmmgr migrate start NAME --to HOST`."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["start", *args]
+        return super().parse_args(ctx, args)
+
+
+@cli.group(cls=_StartByDefault)
+def migrate() -> None:
+    """Live-migrate VMs: `migrate NAME --to HOST`, `migrate cancel NAME`, `migrate policies`."""
+
+
+@migrate.command("start")
 @click.argument("name")
 @click.option("--to", "target", required=True, help="Destination host.")
+@click.option("--policy", "policy_name", help=f"Migration policy (default {DEFAULT_POLICY}).")
+@click.option("--bandwidth", type=int, help="Cap in MiB/s (default: unlimited).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result record as JSON.")
 @click.pass_obj
-def migrate(paths: Paths, name: str, target: str, as_json: bool) -> None:
+def migrate_start(paths: Paths, name: str, target: str, policy_name: str | None,
+                  bandwidth: int | None, as_json: bool) -> None:
     """Live-migrate a VM to another host, with a progress bar."""
+    policy = get_policy(policy_name, bandwidth)
     show = _progress_printer(enabled=not as_json)
     with Fleet(paths) as fleet:
-        result = run_migration(fleet, name, target, on_progress=show)
-    show(None)
+        try:
+            result = run_migration(fleet, name, target, policy=policy, on_progress=show)
+        finally:
+            show(None)
     if as_json:
         return _emit_json(result.as_dict())
     click.echo(f"{name}: {result.source} -> {result.target}  total {result.total_ms} ms  "
-               f"blackout {result.downtime_ms} ms  sent {result.bytes_transferred / display.MiB:.1f} MiB"
-               f"  iterations {result.memory_iterations}")
+               f"blackout {'n/a' if result.downtime_ms is None else f'{result.downtime_ms} ms'}  sent {result.bytes_transferred / display.MiB:.1f} MiB"
+               f"  iterations {result.memory_iterations}"
+               + ("  (post-copy)" if result.postcopy else ""))
+
+
+@migrate.command("cancel")
+@click.argument("name")
+@click.pass_obj
+def migrate_cancel(paths: Paths, name: str) -> None:
+    """Abort a VM's running migration; it keeps running where it was."""
+    with Fleet(paths) as fleet:
+        source = cancel_migration(fleet, name)
+    click.echo(f"cancelled the migration of {name}; it keeps running on {source}")
+
+
+@migrate.command("policies")
+@click.option("--json", "as_json", is_flag=True)
+def migrate_policies(as_json: bool) -> None:
+    """The named migration policies and what each guarantees."""
+    if as_json:
+        return _emit_json([asdict(p) for p in POLICIES.values()])
+    for p in POLICIES.values():
+        default = " (default)" if p.name == DEFAULT_POLICY else ""
+        click.echo(f"{p.name}{default}\n  {p.description}\n")
 
 
 def _progress_printer(enabled: bool):
-    """A callback that redraws one progress line on a terminal (one line per update otherwise)."""
+    """A callback that redraws one progress line on a terminal (one line per update otherwise),
+    with the engine's actions and warnings printed once above it."""
     tty = sys.stderr.isatty()
-    drawn = [False]
+    state = {"drawn": False, "warning": None}
 
     def show(progress) -> None:
         if not enabled:
             return
         if progress is None:
-            if drawn[0] and tty:
+            if state["drawn"] and tty:
                 click.echo("", err=True)
+            state["drawn"] = False
             return
+        for note in display.progress_notes(progress, state["warning"]):
+            click.echo(("\r\033[K" + note) if tty else note, err=True)
+        state["warning"] = progress.warning
         line = display.progress_line(progress)
         click.echo(("\r\033[K" + line) if tty else line, err=True, nl=not tty)
-        drawn[0] = True
+        state["drawn"] = True
 
     return show
 

@@ -20,20 +20,31 @@ def progress_line(p: JobProgress, width: int = 24) -> str:
     filled = round(p.fraction * width)
     bar = "#" * filled + "." * (width - filled)
     limit = f"  limit {p.downtime_limit_ms} ms" if p.downtime_limit_ms is not None else ""
+    throttle = f"  throttle {p.throttle_pct}%" if p.throttle_pct else ""
+    phase = "  POST-COPY" if p.phase == "postcopy" else ""
     return (
         f"[{bar}] {p.fraction:4.0%}  {p.processed_bytes / MiB:.0f}/{p.total_bytes / MiB:.0f} MiB"
         f"  {p.remaining_bytes / MiB:.0f} MiB left  {p.speed_bps / MiB:.0f} MiB/s"
-        f"  dirty {p.dirty_rate_bps / MiB:.1f} MiB/s  iter {p.iteration}{limit}"
+        f"  dirty {p.dirty_rate_bps / MiB:.1f} MiB/s  iter {p.iteration}{limit}{throttle}{phase}"
         f"  {p.elapsed_ms / 1000:.1f}s"
     )
 
 
 def hop_rows(results: list[MigrationResult]) -> list[list]:
     return [
-        [r.source, r.target, f"{r.total_ms} ms", f"{r.downtime_ms} ms",
+        [r.source, r.target, f"{r.total_ms} ms",
+         "post-copy" if r.downtime_ms is None else f"{r.downtime_ms} ms",
          f"{r.bytes_transferred / MiB:.1f} MiB", r.memory_iterations, f"{r.wall_ms} ms"]
         for r in results
     ]
 
 
 HOP_HEADERS = ["from", "to", "total", "blackout", "sent", "iterations", "wall"]
+
+
+def progress_notes(p: JobProgress, last_warning: str | None) -> list[str]:
+    """Lines worth printing once, above the bar: what the engine did, a new warning."""
+    notes = [f"* {p.event}"] if p.event else []
+    if p.warning and p.warning != last_warning:
+        notes.append(f"! {p.warning}")
+    return notes

@@ -54,12 +54,8 @@ class Fleet:
     def hosts(self) -> list[Host]:
         return [self.host(r.name) for r in self.inventory.records()]
 
-    def find(self, vm: str) -> Guest | None:
-        """The VM's guest on the host that runs it (or holds it defined), None if nowhere.
-
-        During a migration the VM exists on both hosts; the active side that is not paused for
-        an incoming migration wins, which is the source until the switch-over.
-        """
+    def find_all(self, vm: str) -> list[Guest]:
+        """Every host's copy of the VM: one, or two while it migrates."""
         validate_name(vm)
         found = []
         for host in self.hosts():
@@ -69,6 +65,15 @@ class Fleet:
                 continue
             if guest is not None:
                 found.append(guest)
+        return found
+
+    def find(self, vm: str) -> Guest | None:
+        """The VM's guest on the host that runs it (or holds it defined), None if nowhere.
+
+        During a migration the VM exists on both hosts; the active side that is not paused for
+        an incoming migration wins, which is the source until the switch-over.
+        """
+        found = self.find_all(vm)
         if not found:
             return None
         found.sort(key=lambda g: (g.state() != "running", not g.is_persistent()))

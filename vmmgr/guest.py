@@ -46,6 +46,18 @@ class Guest:
             code, _reason = self._dom.state()
         return _STATES.get(code, "unknown")
 
+    def postcopy_phase(self) -> str | None:
+        """'running' or 'failed' while this side is in post-copy, else None."""
+        with translated(f"state of {self.name}"):
+            code, reason = self._dom.state()
+        if code == libvirt.VIR_DOMAIN_PAUSED and reason == libvirt.VIR_DOMAIN_PAUSED_POSTCOPY_FAILED:
+            return "failed"
+        if (code == libvirt.VIR_DOMAIN_PAUSED and reason == libvirt.VIR_DOMAIN_PAUSED_POSTCOPY) or (
+            code == libvirt.VIR_DOMAIN_RUNNING and reason == libvirt.VIR_DOMAIN_RUNNING_POSTCOPY
+        ):
+            return "running"
+        return None
+
     def is_active(self) -> bool:
         with translated(f"state of {self.name}"):
             return bool(self._dom.isActive())
@@ -94,6 +106,18 @@ class Guest:
         flags = libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED if completed else 0
         with translated(f"job stats of {self.name}"):
             return self._dom.jobStats(flags)
+
+    def has_job(self) -> bool:
+        with translated(f"job of {self.name}"):
+            return self._dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE
+
+    def suspend(self) -> None:
+        with translated(f"pause {self.name}"):
+            self._dom.suspend()
+
+    def resume(self) -> None:
+        with translated(f"resume {self.name}"):
+            self._dom.resume()
 
     def abort_job(self) -> None:
         with translated(f"abort job of {self.name}"):

@@ -2,7 +2,8 @@
 
 Kernel: `boot/vmlinuz-*` from the .deb that `linux-image-cloud-amd64` depends on, downloaded and
 unpacked into a scratch folder (never installed as the host's kernel). Initramfs: busybox-static,
-the virtio modules from the same .deb and `guest_image/init.sh`. Both are cached under the image
+the virtio modules from the same .deb, `guest_image/init.sh` and the `dirtier` workload compiled
+statically from `guest_image/dirtier.c` with Debian's gcc. Both are cached under the image
 directory; the initramfs's file name carries a hash of what went into it, so a change to the init
 script builds a new one and an unchanged one is never rebuilt.
 """
@@ -33,8 +34,12 @@ class BuiltinImage:
     initrd: Path
 
 
+def _guest_file(name: str) -> bytes:
+    return resources.files("vmmgr").joinpath("guest_image", name).read_bytes()
+
+
 def init_script() -> bytes:
-    return resources.files("vmmgr").joinpath("guest_image", "init.sh").read_bytes()
+    return _guest_file("init.sh")
 
 
 def ensure_builtin(images_dir: Path, log=lambda msg: None) -> BuiltinImage:
@@ -91,6 +96,7 @@ def _kernel_package() -> str:
 
 def _ensure_initramfs(dest: Path, modules: Path, log) -> Path:
     digest = hashlib.sha256(init_script())
+    digest.update(_guest_file("dirtier.c"))
     for name in GUEST_MODULES:
         digest.update((modules / f"{name}.ko").read_bytes())
     digest.update(BUSYBOX.read_bytes())
@@ -106,6 +112,10 @@ def _ensure_initramfs(dest: Path, modules: Path, log) -> Path:
         (root / "bin" / "sh").symlink_to("busybox")
         (root / "init").write_bytes(init_script())
         (root / "init").chmod(0o755)
+        # The memory-pressure workload is C (busybox cannot verify memory): static, so the
+        # initramfs needs no libc.
+        (Path(tmp) / "dirtier.c").write_bytes(_guest_file("dirtier.c"))
+        _run(["gcc", "-static", "-O2", "-o", str(root / "bin" / "dirtier"), str(Path(tmp) / "dirtier.c")])
         for name in GUEST_MODULES:
             shutil.copy2(modules / f"{name}.ko", root / "lib" / "modules" / f"{name}.ko")
         # The kernel opens /dev/console for init's output before init can mount devtmpfs.

@@ -1,9 +1,11 @@
-"""Live pre-copy migration of one VM between two hosts.
+"""Live migration of one VM between two hosts, steered by a policy.
 
 Peer-to-peer (the source libvirtd drives the destination), persistent on the destination, and the
 source definition removed only once the destination runs the VM: if anything fails before that,
-libvirt leaves the VM running on the source and we say so. The destination's serial console goes to
-the next console segment (see `console`).
+libvirt leaves the VM running on the source and we say so. While libvirt's call runs in a thread,
+the monitor loop here polls the job stats, asks `policy.decide` what to do, applies it, and hands
+each poll's `JobProgress` to the caller. The destination's serial console goes to the next console
+segment (see `console`).
 """
 
 import threading
@@ -13,22 +15,28 @@ from dataclasses import asdict, dataclass
 
 import libvirt
 
-from . import console
-from .errors import Conflict, MigrationFailed, VmmgrError
+from . import console, policy as pol
+from .errors import Conflict, MigrationFailed, NotFound, VmmgrError
 from .fleet import Fleet, require_other_host
 from .guest import Guest
 from .libvirt_errors import translated
 from .locks import vm_operation
 from .placement import refusal
+from .policy import Policy
 from .render import set_console_path
 from .spec import validate_name
 
-FLAGS = (
+BASE_FLAGS = (
     libvirt.VIR_MIGRATE_LIVE
     | libvirt.VIR_MIGRATE_PEER2PEER
     | libvirt.VIR_MIGRATE_PERSIST_DEST
     | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE
 )
+POSTCOPY_RECOVERY_ATTEMPTS = 5
+
+
+class MigrationCancelled(MigrationFailed):
+    """An operator cancelled the migration; the VM runs on the source as before."""
 
 
 @dataclass(frozen=True)
@@ -46,9 +54,13 @@ class JobProgress:
     dirty_rate_bps: int  # bytes per second the guest dirties
     iteration: int  # pre-copy pass over memory, from 1
     downtime_limit_ms: int | None = None
+    throttle_pct: int = 0  # auto-converge's vCPU throttle
+    phase: str = "precopy"  # or "postcopy"
+    warning: str | None = None  # e.g. the guest outpaces the link
+    event: str | None = None  # what the engine did at this poll
 
     @classmethod
-    def from_stats(cls, stats: dict, downtime_limit_ms: int | None = None) -> "JobProgress":
+    def from_stats(cls, stats: dict, downtime_limit_ms: int | None = None, **extra) -> "JobProgress":
         page = stats.get("memory_page_size", 4096)
         return cls(
             elapsed_ms=stats.get("time_elapsed", 0),
@@ -59,6 +71,8 @@ class JobProgress:
             dirty_rate_bps=stats.get("memory_dirty_rate", 0) * page,
             iteration=stats.get("memory_iteration", 0),
             downtime_limit_ms=downtime_limit_ms,
+            throttle_pct=stats.get("auto_converge_throttle", 0),
+            **extra,
         )
 
     @property
@@ -78,40 +92,69 @@ class MigrationResult:
     source: str
     target: str
     total_ms: int  # QEMU's time from start to the guest running on the target
-    downtime_ms: int  # the blackout: the guest paused on the source until it runs on the target
+    downtime_ms: int | None  # the blackout (None after post-copy: libvirt does not report it)
     bytes_transferred: int
     memory_iterations: int
     wall_ms: int  # what the caller waited, setup and teardown included
     started_at: float  # unix time
+    policy: str = ""
+    postcopy: bool = False
+    events: tuple[str, ...] = ()
 
     @classmethod
     def from_completed_stats(
-        cls, vm: str, source: str, target: str, stats: dict, wall_ms: int, started_at: float
+        cls, vm: str, source: str, target: str, stats: dict, wall_ms: int, started_at: float,
+        **extra,
     ) -> "MigrationResult":
         return cls(
             vm=vm,
             source=source,
             target=target,
             total_ms=stats.get("time_elapsed", wall_ms),
-            downtime_ms=stats.get("downtime", 0),
+            downtime_ms=stats.get("downtime"),
             bytes_transferred=stats.get("data_processed", stats.get("memory_processed", 0)),
             memory_iterations=stats.get("memory_iteration", 0),
             wall_ms=wall_ms,
             started_at=started_at,
+            **extra,
         )
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
+def flags_and_params(policy: Policy) -> tuple[int, dict]:
+    """libvirt's migration flags and typed parameters for a policy (apart from the XML)."""
+    flags, params = BASE_FLAGS, {}
+    if policy.auto_converge:
+        flags |= libvirt.VIR_MIGRATE_AUTO_CONVERGE
+        params[libvirt.VIR_MIGRATE_PARAM_AUTO_CONVERGE_INITIAL] = policy.auto_converge_initial
+        params[libvirt.VIR_MIGRATE_PARAM_AUTO_CONVERGE_INCREMENT] = policy.auto_converge_increment
+    if policy.postcopy:
+        flags |= libvirt.VIR_MIGRATE_POSTCOPY
+    if policy.compression:
+        flags |= libvirt.VIR_MIGRATE_COMPRESSED
+        params[libvirt.VIR_MIGRATE_PARAM_COMPRESSION] = policy.compression
+    if policy.parallel_connections >= 2:
+        flags |= libvirt.VIR_MIGRATE_PARALLEL
+        params[libvirt.VIR_MIGRATE_PARAM_PARALLEL_CONNECTIONS] = policy.parallel_connections
+    if policy.bandwidth_mibps:
+        params[libvirt.VIR_MIGRATE_PARAM_BANDWIDTH] = policy.bandwidth_mibps
+        if policy.postcopy:
+            params[libvirt.VIR_MIGRATE_PARAM_BANDWIDTH_POSTCOPY] = policy.bandwidth_mibps
+    return flags, params
+
+
 def migrate(
     fleet: Fleet,
     vm: str,
     target: str,
+    policy: Policy | None = None,
     on_progress: Callable[[JobProgress], None] | None = None,
     poll_interval: float = 0.2,
 ) -> MigrationResult:
     """Live-migrate `vm` to host `target`; raises before touching anything on bad input."""
+    policy = policy or pol.get_policy(None)
     validate_name(vm)
     dest = fleet.host(target)  # NotFound for an unknown host
     with vm_operation(fleet.paths.locks, vm, f"migration to {target}"):
@@ -122,56 +165,157 @@ def migrate(
         reason = refusal(dest.capacity(), guest.memory_mib(), guest.vcpus())
         if reason:
             raise Conflict(f"host {target} has no room for {vm}: {reason}")
-        return _run(fleet, guest, target, on_progress, poll_interval)
+        return _Migration(fleet, guest, target, policy, on_progress, poll_interval).run()
 
 
-def _run(fleet: Fleet, guest: Guest, target: str, on_progress, poll_interval) -> MigrationResult:
-    dest = fleet.host(target)
-    source = guest.host_name
-    segment = console.next_segment(fleet.paths.consoles, guest.name, target)
-    with translated(f"XML of {guest.name}"):
-        persistent = guest.domain.XMLDesc(
-            libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_MIGRATABLE
+def cancel(fleet: Fleet, vm: str) -> str:
+    """Abort the VM's running migration; it keeps running on the source. Returns the source."""
+    sources = [g for g in fleet.find_all(vm) if g.is_persistent()]
+    if not sources:
+        raise NotFound(f"unknown VM {vm!r}")
+    source = sources[0]
+    if source.postcopy_phase():
+        raise Conflict(f"{vm} is in post-copy: it already runs on the destination")
+    if not source.has_job():
+        raise Conflict(f"VM {vm!r} has no migration in progress")
+    source.abort_job()
+    return source.host_name
+
+
+class _Migration:
+    """One attempt: libvirt's call in a thread, the monitor loop in the caller's."""
+
+    def __init__(self, fleet: Fleet, guest: Guest, target: str, policy: Policy, on_progress,
+                 poll_interval: float):
+        self.fleet, self.guest, self.target, self.policy = fleet, guest, target, policy
+        self.on_progress, self.poll_interval = on_progress, poll_interval
+        self.dest = fleet.host(target)
+        self.source = guest.host_name
+        self.events: list[str] = []
+        self.policy_abort: str | None = None
+        self.postcopy_started = False
+        self.paused = False
+        self.last_stats: dict = {}
+
+    def run(self) -> MigrationResult:
+        guest = self.guest
+        segment = console.next_segment(self.fleet.paths.consoles, guest.name, self.target)
+        with translated(f"XML of {guest.name}"):
+            persistent = guest.domain.XMLDesc(
+                libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_MIGRATABLE
+            )
+        flags, params = flags_and_params(self.policy)
+        params[libvirt.VIR_MIGRATE_PARAM_DEST_XML] = set_console_path(guest.xml(migratable=True), segment)
+        params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML] = set_console_path(persistent, segment)
+
+        started_at, t0 = time.time(), time.monotonic()
+        error = self._call_and_monitor(params, flags)
+        attempts = 0
+        while error is not None and self.postcopy_started and attempts < POSTCOPY_RECOVERY_ATTEMPTS:
+            # The link broke during post-copy: the VM's memory is split between the hosts, so the
+            # only way forward is to resume the same migration once the link is back.
+            attempts += 1
+            self._event(f"post-copy interrupted ({error.get_error_message()}); recovery attempt {attempts}")
+            time.sleep(min(2 ** attempts, 10))
+            error = self._call_and_monitor(params, flags | libvirt.VIR_MIGRATE_POSTCOPY_RESUME)
+        wall_ms = int((time.monotonic() - t0) * 1000)
+
+        if error is not None:
+            self._fail(error, segment)
+        arrived = self.dest.find_guest(guest.name)
+        if arrived is None:
+            raise MigrationFailed(f"{guest.name} is not on {self.target} after libvirt reported success")
+        if arrived.state() == "paused" and self.paused:
+            arrived.resume()  # we paused it to force completion; it must run on the target
+        completed = arrived.job_stats(completed=True)
+        if completed.get("type", libvirt.VIR_DOMAIN_JOB_NONE) == libvirt.VIR_DOMAIN_JOB_NONE:
+            # After post-copy the destination keeps no completed job: use the last numbers seen.
+            completed = {k: v for k, v in self.last_stats.items() if k != "downtime"}
+        return MigrationResult.from_completed_stats(
+            guest.name, self.source, self.target, completed, wall_ms,
+            started_at, policy=self.policy.name, postcopy=self.postcopy_started,
+            events=tuple(self.events),
         )
-    params = {
-        libvirt.VIR_MIGRATE_PARAM_DEST_XML: set_console_path(guest.xml(migratable=True), segment),
-        libvirt.VIR_MIGRATE_PARAM_PERSIST_XML: set_console_path(persistent, segment),
-    }
-    with translated(f"downtime limit of {guest.name}"):
-        downtime_limit = guest.domain.migrateGetMaxDowntime()
 
-    outcome: dict = {}
+    def _call_and_monitor(self, params: dict, flags: int) -> libvirt.libvirtError | None:
+        outcome: dict = {}
 
-    def call() -> None:
+        def call() -> None:
+            try:
+                self.guest.domain.migrateToURI3(self.dest.uri, params, flags)
+            except libvirt.libvirtError as err:
+                outcome["error"] = err
+
+        worker = threading.Thread(target=call, name=f"migrate-{self.guest.name}", daemon=True)
+        worker.start()
+        watch = None
+        while worker.is_alive():
+            worker.join(self.poll_interval)
+            if not worker.is_alive():
+                break
+            stats = _active_job_stats(self.guest)
+            if not stats:
+                continue
+            self.last_stats = stats
+            now = time.monotonic()
+            actions = []
+            if watch is None:
+                watch, actions = pol.start(self.policy, now)
+                if self.postcopy_started:  # a recovery attempt: nothing left to steer
+                    watch, actions = pol.Watch(started=now, postcopy=True), []
+            elif stats.get("data_total"):
+                watch, actions = pol.decide(self.policy, watch, stats.get("data_remaining", 0),
+                                            stats.get("memory_iteration", 0), now)
+            event = "; ".join(filter(None, (self._apply(a) for a in actions))) or None
+            if self.on_progress:
+                progress = JobProgress.from_stats(
+                    stats, watch.downtime_ms, phase="postcopy" if self.postcopy_started else "precopy",
+                    warning=pol.warning(stats.get("memory_dirty_rate", 0) * stats.get("memory_page_size", 4096),
+                                        stats.get("memory_bps", 0), self.policy.auto_converge),
+                    event=event,
+                )
+                self.on_progress(progress)
+        return outcome.get("error")
+
+    def _apply(self, action) -> str | None:
+        dom = self.guest.domain
         try:
-            guest.domain.migrateToURI3(dest.uri, params, FLAGS)
+            if isinstance(action, pol.SetDowntime):
+                dom.migrateSetMaxDowntime(action.ms)
+                return f"downtime limit {action.ms} ms"
+            if isinstance(action, pol.StartPostCopy):
+                dom.migrateStartPostCopy()
+                self.postcopy_started = True
+                return self._event(f"switched to post-copy: {action.reason}")
+            if isinstance(action, pol.Abort):
+                self.policy_abort = action.reason
+                dom.abortJob()
+                return self._event(f"aborting: {action.reason}")
+            if isinstance(action, pol.Pause):
+                dom.suspend()
+                self.paused = True
+                return self._event(f"paused the guest to finish: {action.reason}")
         except libvirt.libvirtError as err:
-            outcome["error"] = err
+            # The job may have ended between the poll and the action; the call's result decides.
+            return self._event(f"could not apply {type(action).__name__}: {err.get_error_message()}")
+        return None
 
-    started_at, t0 = time.time(), time.monotonic()
-    worker = threading.Thread(target=call, name=f"migrate-{guest.name}", daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(poll_interval)
-        if on_progress and worker.is_alive():
-            stats = _active_job_stats(guest)
-            if stats:
-                on_progress(JobProgress.from_stats(stats, downtime_limit))
-    wall_ms = int((time.monotonic() - t0) * 1000)
+    def _event(self, text: str) -> str:
+        self.events.append(text)
+        return text
 
-    if "error" in outcome:
+    def _fail(self, error: libvirt.libvirtError, segment) -> None:
         _drop_if_empty(segment)
-        where = "still running on" if _is_active(guest) else "NOT running on"
-        raise MigrationFailed(
-            f"migration of {guest.name} from {source} to {target} failed: "
-            f"{outcome['error'].get_error_message()}; the VM is {where} {source}"
-        )
-    arrived = dest.find_guest(guest.name)
-    if arrived is None:
-        raise MigrationFailed(f"{guest.name} is not on {target} after a migration libvirt reported done")
-    return MigrationResult.from_completed_stats(
-        guest.name, source, target, arrived.job_stats(completed=True), wall_ms, started_at
-    )
+        if self.paused and _is_active(self.guest) and self.guest.state() == "paused":
+            self.guest.resume()  # a pause we ordered must not outlive the attempt
+        where = "still running on" if _is_active(self.guest) else "NOT running on"
+        what = f"migration of {self.guest.name} from {self.source} to {self.target}"
+        tail = f"the VM is {where} {self.source}"
+        if self.policy_abort:
+            raise MigrationFailed(f"{what} aborted by policy {self.policy.name}: {self.policy_abort}; {tail}")
+        if error.get_error_code() == libvirt.VIR_ERR_OPERATION_ABORTED:
+            raise MigrationCancelled(f"{what} was cancelled; {tail}")
+        raise MigrationFailed(f"{what} failed: {error.get_error_message()}; {tail}")
 
 
 def _active_job_stats(guest: Guest) -> dict | None:

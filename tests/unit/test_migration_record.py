@@ -47,4 +47,25 @@ def test_result_from_completed_stats():
 
 def test_result_falls_back_when_stats_lack_fields():
     r = MigrationResult.from_completed_stats("vm1", "a", "b", {"memory_processed": 7}, 1234, 0)
-    assert r.total_ms == 1234 and r.bytes_transferred == 7 and r.downtime_ms == 0
+    assert r.total_ms == 1234 and r.bytes_transferred == 7 and r.downtime_ms is None
+
+
+def test_flags_and_params_follow_the_policy():
+    import libvirt
+    from dataclasses import replace
+    from vmmgr.migration import BASE_FLAGS, flags_and_params
+    from vmmgr.policy import get_policy
+
+    flags, params = flags_and_params(get_policy("balanced", 32))
+    assert flags & BASE_FLAGS == BASE_FLAGS
+    assert flags & libvirt.VIR_MIGRATE_AUTO_CONVERGE and flags & libvirt.VIR_MIGRATE_POSTCOPY
+    assert params[libvirt.VIR_MIGRATE_PARAM_BANDWIDTH] == 32
+    assert params[libvirt.VIR_MIGRATE_PARAM_BANDWIDTH_POSTCOPY] == 32
+    assert params[libvirt.VIR_MIGRATE_PARAM_AUTO_CONVERGE_INITIAL] == 60
+
+    flags, params = flags_and_params(replace(get_policy("safe"), auto_converge=False,
+                                             parallel_connections=4, compression="xbzrle"))
+    assert not flags & libvirt.VIR_MIGRATE_POSTCOPY and not flags & libvirt.VIR_MIGRATE_AUTO_CONVERGE
+    assert flags & libvirt.VIR_MIGRATE_PARALLEL and flags & libvirt.VIR_MIGRATE_COMPRESSED
+    assert params[libvirt.VIR_MIGRATE_PARAM_PARALLEL_CONNECTIONS] == 4
+    assert libvirt.VIR_MIGRATE_PARAM_BANDWIDTH not in params

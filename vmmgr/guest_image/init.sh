@@ -36,6 +36,7 @@ counter() {  # prints "tick N" every INTERVAL seconds; stops after COUNT ticks w
 case "$(param workload idle)" in
   probe) echo "vmmgr-probe-ok"; poweroff -f ;;
   counter) counter ;;
+  dirtier) dirtier "$(param rate 8)" "$(param mib 32)" ;;
   idle) ;;
   *) echo "unknown workload $(param workload idle)" ;;
 esac

@@ -1,0 +1,98 @@
+"""The migration engine on the lab: convergence under memory pressure, cancel, policy timeouts."""
+
+import subprocess
+import time
+
+import pytest
+
+from vmmgr import console
+from vmmgr.errors import MigrationFailed
+from vmmgr.migration import migrate
+from vmmgr.policy import get_policy
+
+from .conftest import VMMGR, assert_contiguous, cli, ticks, wait_ticks, where_defined
+
+
+def dirtier_lines(paths, vm) -> list[str]:
+    text = console.read(paths.consoles, vm).decode(errors="replace").replace("\r", "")
+    return [line for line in text.splitlines() if line.startswith(("dirtier", "CORRUPT"))]
+
+
+def wait_dirtier_passes(paths, vm, at_least: int, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        passes = [int(l.split("pass=")[1].split()[0]) for l in dirtier_lines(paths, vm)
+                  if "pass=" in l]
+        if passes and passes[-1] >= at_least:
+            return passes[-1]
+        time.sleep(0.5)
+    raise AssertionError(f"{vm}: dirtier did not reach pass {at_least}: {dirtier_lines(paths, vm)[-3:]}")
+
+
+def assert_memory_intact(paths, vm):
+    lines = dirtier_lines(paths, vm)
+    assert not [l for l in lines if l.startswith("CORRUPT") or "corrupt=0" not in l and "pass=" in l]
+    assert sum(l.startswith("dirtier start") for l in lines) == 1, "the guest restarted"
+
+
+def test_heavy_dirtier_converges_under_the_default_policy(make_vm, fleet, paths):
+    # 64 MiB/s of dirtying against a 24 MiB/s link: plain pre-copy never catches up.
+    make_vm("heavy", host="host1", workload="dirtier", memory=192, rate=64, mib=64)
+    wait_dirtier_passes(paths, "heavy", 2)
+    progress = []
+    result = migrate(fleet, "heavy", "host2", policy=get_policy(None, 24), on_progress=progress.append)
+
+    assert where_defined(fleet, "heavy") == ["host2"]
+    assert result.memory_iterations > 2 or result.postcopy
+    assert result.postcopy or result.downtime_ms <= 300
+    assert any(p.warning and "faster than it can be sent" in p.warning for p in progress)
+    assert any(p.event and p.event.startswith("downtime limit") for p in progress)
+    # The guest keeps verifying every page it rewrites: several passes after the move, all intact.
+    before = wait_dirtier_passes(paths, "heavy", 0)
+    wait_dirtier_passes(paths, "heavy", before + 3)
+    assert_memory_intact(paths, "heavy")
+
+
+def test_cancel_in_mid_migration_leaves_the_vm_on_the_source(make_vm, fleet, paths):
+    make_vm("cancelme", host="host1", interval=0.1)
+    wait_ticks(paths, "cancelme", 3)
+    # 2 MiB/s: the move would take a minute, time enough to cancel it in the middle.
+    mover = subprocess.Popen([VMMGR, "migrate", "cancelme", "--to", "host3", "--bandwidth", "2"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not fleet.locate("cancelme").has_job():
+            assert time.monotonic() < deadline and mover.poll() is None
+            time.sleep(0.1)
+        time.sleep(1)
+        assert cli("migrate", "cancel", "cancelme", check_code=0).stdout.strip() == (
+            "cancelled the migration of cancelme; it keeps running on host1")
+        _, err = mover.communicate(timeout=60)
+    finally:
+        if mover.poll() is None:
+            mover.kill()
+    assert mover.returncode == 6
+    assert "was cancelled; the VM is still running on host1" in err
+    assert where_defined(fleet, "cancelme") == ["host1"]
+    assert fleet.locate("cancelme").state() == "running"
+    wait_ticks(paths, "cancelme", len(ticks(paths, "cancelme")) + 5)
+    assert_contiguous(ticks(paths, "cancelme"))
+    assert console.hosts_seen(paths.consoles, "cancelme") == ["host1"]
+    # Nothing to cancel now: a clear refusal.
+    proc = cli("migrate", "cancel", "cancelme")
+    assert proc.returncode == 4 and "no migration in progress" in proc.stderr
+
+
+def test_safe_policy_aborts_at_its_timeout_and_the_vm_stays(make_vm, fleet, paths):
+    make_vm("stuck", host="host2", workload="dirtier", memory=192, rate=64, mib=64)
+    wait_dirtier_passes(paths, "stuck", 2)
+    policy = get_policy("safe", 16, completion_timeout_s=8, auto_converge=False)
+    with pytest.raises(MigrationFailed, match=(
+            "aborted by policy safe: completion timeout \\(8 s\\); the VM is still running on host2")):
+        migrate(fleet, "stuck", "host3", policy=policy)
+    assert where_defined(fleet, "stuck") == ["host2"]
+    assert fleet.locate("stuck").state() == "running"
+    before = wait_dirtier_passes(paths, "stuck", 0)
+    wait_dirtier_passes(paths, "stuck", before + 2)
+    assert_memory_intact(paths, "stuck")
+    assert console.hosts_seen(paths.consoles, "stuck") == ["host2"]

@@ -1,0 +1,131 @@
+"""The migration policy's decisions, with the clock and the job stats passed in as numbers."""
+
+from dataclasses import replace
+
+import pytest
+
+from vmmgr.errors import InvalidRequest
+from vmmgr.policy import (
+    POLICIES, Abort, Pause, Policy, SetDowntime, StartPostCopy, decide, downtime_step, get_policy,
+    start, warning,
+)
+
+MiB = 2**20
+BASE = Policy("t", "test", downtime_start_ms=100, downtime_max_ms=300, downtime_steps=4,
+              downtime_step_after_s=2, postcopy_after_stall_s=6, progress_timeout_s=60,
+              completion_timeout_s=300)
+
+
+def run(policy, polls):
+    """Feed (time, remaining MiB, iteration) polls; return every action with its time."""
+    w, _ = start(policy, 0.0)
+    seen = []
+    for t, remaining, iteration in polls:
+        w, actions = decide(policy, w, remaining * MiB, iteration, t)
+        seen += [(t, a) for a in actions]
+    return w, seen
+
+
+def stalled_passes(until, pass_s=1.0, peak=64):
+    """A guest that outpaces the link: every pass starts with the same dirty set."""
+    polls, t, it = [], 0.0, 1
+    while t <= until:
+        polls += [(t, peak, it), (t + pass_s / 2, peak / 2, it)]
+        t += pass_s
+        it += 1
+    return polls
+
+
+def test_start_sets_the_first_downtime_limit():
+    w, actions = start(BASE, 5.0)
+    assert actions == [SetDowntime(100)] and w.downtime_ms == 100 and w.started == 5.0
+
+
+def test_downtime_steps_are_even_and_capped():
+    assert [downtime_step(BASE, ms) for ms in (100, 150, 250, 300)] == [150, 200, 300, 300]
+    assert downtime_step(replace(BASE, downtime_steps=0), 100) == 100
+
+
+def test_a_converging_guest_is_left_alone():
+    # Each pass starts with less than the one before: progress, so no steps and no timeouts.
+    polls = [(t, 100 / (t + 1), int(t) + 1) for t in range(0, 40)]
+    _, seen = run(BASE, polls)
+    assert seen == []
+
+
+def test_a_stall_steps_the_downtime_up_then_switches_to_postcopy():
+    policy = replace(BASE, postcopy=True)
+    w, seen = run(policy, stalled_passes(until=30))
+    steps = [(t, a.ms) for t, a in seen if isinstance(a, SetDowntime)]
+    assert [ms for _, ms in steps] == [150, 200, 250, 300]
+    assert all(b - a >= 2 for (a, _), (b, _) in zip(steps, steps[1:]))  # 2 s stalled each
+    switches = [(t, a) for t, a in seen if isinstance(a, StartPostCopy)]
+    assert len(switches) == 1
+    t_switch, action = switches[0]
+    assert t_switch - steps[-1][0] >= 6 and "top downtime limit (300 ms)" in action.reason
+    assert w.postcopy
+    assert seen[-1] == switches[0]  # nothing is decided after the switch
+
+
+def test_without_postcopy_a_stall_ends_in_the_progress_timeout_abort():
+    policy = replace(BASE, progress_timeout_s=20)
+    _, seen = run(policy, stalled_passes(until=40))
+    aborts = [(t, a) for t, a in seen if isinstance(a, Abort)]
+    assert len(aborts) == 1
+    t, abort = aborts[0]
+    assert 20 <= t < 22 and abort.reason == "no progress for 20 s"
+
+
+def test_completion_timeout_boundary():
+    policy = replace(BASE, completion_timeout_s=10)
+    w, _ = start(policy, 0.0)
+    w, actions = decide(policy, w, 50 * MiB, 1, 9.999)
+    assert actions == []
+    w, actions = decide(policy, w, 40 * MiB, 1, 10.0)
+    assert actions == [Abort("completion timeout (10 s)")]
+    assert decide(policy, w, 30 * MiB, 1, 11.0)[1] == []  # the abort stands, once
+
+
+@pytest.mark.parametrize("postcopy,expected", [(True, StartPostCopy), (False, Pause)])
+def test_force_on_timeout_is_postcopy_or_a_pause(postcopy, expected):
+    policy = replace(BASE, completion_timeout_s=5, on_timeout="force", postcopy=postcopy)
+    w, _ = start(policy, 0.0)
+    w, actions = decide(policy, w, 10 * MiB, 1, 5.0)
+    assert [type(a) for a in actions] == [expected]
+    assert "completion timeout" in actions[0].reason
+
+
+def test_the_first_bulk_pass_is_not_a_stall():
+    # 20 s of a slow first pass: remaining falls all along, nothing to decide.
+    _, seen = run(BASE, [(t, 1000 - t * 10, 1) for t in range(0, 21)])
+    assert seen == []
+
+
+def test_named_policies_and_their_guarantees():
+    assert set(POLICIES) == {"safe", "balanced", "never-fail"}
+    assert not POLICIES["safe"].postcopy and POLICIES["safe"].on_timeout == "abort"
+    assert POLICIES["balanced"].postcopy and POLICIES["balanced"].auto_converge
+    assert POLICIES["never-fail"].on_timeout == "force"
+    assert get_policy(None).name == "balanced"
+    assert get_policy("safe", 32).bandwidth_mibps == 32
+
+
+@pytest.mark.parametrize("args", [("fast",), ("safe", -1)])
+def test_bad_policy_requests(args):
+    with pytest.raises(InvalidRequest):
+        get_policy(*args)
+
+
+def test_invalid_policy_combinations():
+    with pytest.raises(ValueError):
+        Policy("x", "", on_timeout="retry")
+    with pytest.raises(ValueError):
+        Policy("x", "", postcopy=True, parallel_connections=4)
+
+
+def test_warning_when_the_guest_outpaces_the_link():
+    assert warning(80 * MiB, 32 * MiB, True) == (
+        "dirtying memory faster than it can be sent; throttling")
+    assert "auto-converge off" in warning(80 * MiB, 32 * MiB, False)
+    assert warning(10 * MiB, 32 * MiB, True) is None
+    assert warning(10 * MiB, 0, True) is None

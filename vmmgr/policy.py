@@ -1,0 +1,207 @@
+"""How a migration is steered: named policies and the pure decisions that apply them.
+
+The migration monitor polls libvirt's job stats and feeds them to `decide` with the current time;
+`decide` returns what to do (raise the downtime limit, switch to post-copy, abort, pause the guest)
+and the monitor's next state. No clock, no libvirt: every rule tests with plain numbers.
+
+Progress means a pass that starts with less to send than any before it. Each pre-copy pass starts by
+re-adding what the guest dirtied during the last one, so the peak of `data_remaining` in a pass is
+the guest's dirty set; while the guest dirties faster than the link sends, that peak stops shrinking:
+a stall. (The plain low of `data_remaining` is useless for this: it nears zero at the end of the
+first pass and is never beaten again.) The remedies are more downtime allowed, throttling
+(auto-converge, run by QEMU from the start), then post-copy.
+"""
+
+from dataclasses import dataclass, replace
+
+from .errors import InvalidRequest
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    description: str
+    # Set when the migration starts:
+    bandwidth_mibps: int = 0  # 0: unlimited
+    auto_converge: bool = True  # QEMU throttles the vCPUs while the guest outpaces the link
+    auto_converge_initial: int = 20  # percent
+    auto_converge_increment: int = 10  # percent per pass that did not converge
+    compression: str | None = None  # "xbzrle": only pays where pages change a little
+    parallel_connections: int = 0  # >= 2: multifd (not with post-copy in QEMU 7.2)
+    postcopy: bool = False  # may switch to post-copy (then the VM cannot go back)
+    # Steered while it runs:
+    downtime_start_ms: int = 100
+    downtime_max_ms: int = 300
+    downtime_steps: int = 4
+    downtime_step_after_s: float = 2.0  # stalled this long -> next downtime step
+    postcopy_after_stall_s: float = 6.0  # stalled this long at the top step -> post-copy
+    progress_timeout_s: float = 60.0  # no new low for this long -> on_timeout
+    completion_timeout_s: float = 300.0  # running this long -> on_timeout
+    on_timeout: str = "abort"  # "abort" (VM stays on the source) or "force" (make it finish)
+
+    def __post_init__(self) -> None:
+        if self.on_timeout not in ("abort", "force"):
+            raise ValueError(f"on_timeout must be 'abort' or 'force', not {self.on_timeout!r}")
+        if self.postcopy and self.parallel_connections >= 2:
+            raise ValueError("QEMU 7.2 cannot combine post-copy with multifd")
+
+
+POLICIES = {
+    p.name: p
+    for p in (
+        Policy(
+            "safe",
+            "Pre-copy only. Raises the downtime limit up to 300 ms and throttles the guest gently "
+            "(auto-converge from 20 %, +10 % a pass) while it outpaces the link; aborts after 60 s "
+            "without progress or at 300 s. Guarantee: the guest is never paused longer than the "
+            "limit, and on any failure or timeout it keeps running on the source, untouched.",
+            on_timeout="abort",
+        ),
+        Policy(
+            "balanced",
+            "The default. Pre-copy with firm throttling (auto-converge from 60 %, +20 % a pass, up "
+            "to 99 %) and the downtime limit raised to 300 ms while it stalls: converges even when "
+            "the guest dirties memory several times faster than the link, with the blackout "
+            "within the limit. If it still stalls 10 s at the top limit it switches to post-copy "
+            "(the VM runs on the destination at once and pulls the rest of its memory; if the "
+            "link breaks then, the migration is resumed, never rolled back). Aborts (the VM "
+            "stays on the source) after 60 s without progress or at 300 s.",
+            auto_converge_initial=60,
+            auto_converge_increment=20,
+            postcopy=True,
+            postcopy_after_stall_s=10.0,
+            on_timeout="abort",
+        ),
+        Policy(
+            "never-fail",
+            "Finishes whatever happens: the throttling of balanced, post-copy after 3 s of stall "
+            "at the top limit, and at a timeout forced completion through post-copy. Never "
+            "aborts; the price is a post-copy phase whenever the guest outpaces the link.",
+            auto_converge_initial=40,
+            auto_converge_increment=20,
+            postcopy=True,
+            postcopy_after_stall_s=3.0,
+            progress_timeout_s=30.0,
+            completion_timeout_s=120.0,
+            on_timeout="force",
+        ),
+    )
+}
+DEFAULT_POLICY = "balanced"
+
+
+def get_policy(name: str | None, bandwidth_mibps: int | None = None, **overrides) -> Policy:
+    name = name or DEFAULT_POLICY
+    if name not in POLICIES:
+        raise InvalidRequest(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
+    if bandwidth_mibps is not None:
+        if bandwidth_mibps < 0:
+            raise InvalidRequest("bandwidth must not be negative")
+        overrides["bandwidth_mibps"] = bandwidth_mibps
+    for key, value in overrides.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            raise InvalidRequest(f"{key} must not be negative")
+    return replace(POLICIES[name], **overrides)
+
+
+# ---- decisions --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SetDowntime:
+    ms: int
+
+
+@dataclass(frozen=True)
+class StartPostCopy:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Abort:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Pause the guest so the rest is sent in one go (force-complete without post-copy)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Watch:
+    """What the monitor remembers between polls."""
+
+    started: float
+    iteration: int = 0  # the pass being watched
+    pass_peak: int = 0  # the most left to send seen in this pass: the dirty set at its start
+    best_peak: int | None = None  # the smallest peak of a finished pass
+    best_at: float = 0.0  # when that smallest peak was set: the last progress
+    downtime_ms: int = 0
+    stepped_at: float = 0.0
+    postcopy: bool = False
+    paused: bool = False
+    finished: bool = False  # an abort or a pause was ordered: nothing more to decide
+
+
+def start(policy: Policy, now: float) -> tuple[Watch, list]:
+    """The monitor's first state, and the downtime limit to set before the first pass."""
+    w = Watch(started=now, best_at=now, downtime_ms=policy.downtime_start_ms, stepped_at=now)
+    return w, [SetDowntime(policy.downtime_start_ms)]
+
+
+def downtime_step(policy: Policy, current_ms: int) -> int:
+    """The next downtime limit: equal steps from start to max, never beyond max."""
+    if policy.downtime_steps <= 0:
+        return current_ms
+    step = max(1, (policy.downtime_max_ms - policy.downtime_start_ms) // policy.downtime_steps)
+    return min(policy.downtime_max_ms, current_ms + step)
+
+
+def decide(policy: Policy, w: Watch, remaining: int, iteration: int, now: float) -> tuple[Watch, list]:
+    """One poll's decisions, from the bytes still to send and the pre-copy pass number (from 1)."""
+    if w.finished or w.postcopy:
+        return w, []  # post-copy cannot be steered back; an ordered abort or pause stands
+    if iteration > w.iteration:
+        if w.iteration >= 1 and (w.best_peak is None or w.pass_peak < w.best_peak):
+            w = replace(w, best_peak=w.pass_peak, best_at=now)
+        w = replace(w, iteration=iteration, pass_peak=remaining)
+    else:
+        w = replace(w, pass_peak=max(w.pass_peak, remaining))
+    stalled = now - max(w.best_at, w.stepped_at)
+    elapsed = now - w.started
+
+    timeout = None
+    if elapsed >= policy.completion_timeout_s:
+        timeout = f"completion timeout ({policy.completion_timeout_s:g} s)"
+    elif now - w.best_at >= policy.progress_timeout_s:
+        timeout = f"no progress for {policy.progress_timeout_s:g} s"
+    if timeout:
+        return _on_timeout(policy, w, timeout)
+
+    at_top = w.downtime_ms >= policy.downtime_max_ms
+    if not at_top and iteration >= 2 and stalled >= policy.downtime_step_after_s:
+        limit = downtime_step(policy, w.downtime_ms)
+        return replace(w, downtime_ms=limit, stepped_at=now), [SetDowntime(limit)]
+    if (at_top and policy.postcopy and iteration >= 2
+            and stalled >= policy.postcopy_after_stall_s):
+        reason = f"stalled {stalled:.1f} s at the top downtime limit ({w.downtime_ms} ms)"
+        return replace(w, postcopy=True), [StartPostCopy(reason)]
+    return w, []
+
+
+def _on_timeout(policy: Policy, w: Watch, why: str) -> tuple[Watch, list]:
+    if policy.on_timeout == "abort":
+        return replace(w, finished=True), [Abort(why)]
+    if policy.postcopy:
+        return replace(w, postcopy=True), [StartPostCopy(why)]
+    return replace(w, finished=True, paused=True), [Pause(why)]
+
+
+def warning(dirty_rate_bps: int, speed_bps: int, auto_converge: bool) -> str | None:
+    """What to tell the operator when the guest outpaces the link."""
+    if speed_bps and dirty_rate_bps > speed_bps:
+        action = "throttling" if auto_converge else "not throttling (auto-converge off)"
+        return f"dirtying memory faster than it can be sent; {action}"
+    return None
