@@ -22,6 +22,8 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "/tests/lab/" in str(item.fspath):
             item.add_marker(pytest.mark.lab)
+    # The lifecycle tests take labs up and down themselves: run them before the shared lab exists.
+    items.sort(key=lambda item: not item.fspath.basename.startswith("test_lab_lifecycle"))
 
 
 @pytest.fixture(scope="session")

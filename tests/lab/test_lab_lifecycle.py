@@ -21,8 +21,17 @@ def lab_leftovers() -> list[str]:
     out += [l for l in subprocess.run(["ip", "-o", "link", "show"], capture_output=True,
                                       text=True).stdout.splitlines() if ": vmmgr-" in l]
     for name in ("libvirtd", "qemu-system-x86"):
-        out += subprocess.run(["pgrep", "-a", name], capture_output=True, text=True).stdout.splitlines()
+        for line in subprocess.run(["pgrep", "-a", name], capture_output=True, text=True).stdout.splitlines():
+            if not is_zombie(int(line.split()[0])):  # dead, waiting for PID 1 to reap it
+                out.append(line)
     return out
+
+
+def is_zombie(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True  # gone already
 
 
 @pytest.fixture

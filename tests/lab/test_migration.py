@@ -10,6 +10,7 @@ import pytest
 from vmmgr import console
 from vmmgr.errors import Conflict, InvalidRequest
 from vmmgr.migration import migrate
+from vmmgr.policy import get_policy
 
 from .conftest import VMMGR, assert_contiguous, cli, ticks, wait_ticks, where_defined
 
@@ -20,7 +21,9 @@ def test_ring_migration_keeps_the_console_contiguous(make_vm, fleet, paths):
     progress = []
     results = []
     for target in ("host2", "host3", "host1"):
-        results.append(migrate(fleet, "ring", target, on_progress=progress.append))
+        # The first hop is capped (about 2 s) so that progress polls see the job's numbers.
+        policy = get_policy(None, 40 if target == "host2" else None)
+        results.append(migrate(fleet, "ring", target, policy=policy, on_progress=progress.append))
         assert where_defined(fleet, "ring") == [target]  # defined only where it runs
         assert fleet.locate("ring").state() == "running"
         time.sleep(0.5)
