@@ -51,7 +51,14 @@ def main() -> int:
     args.add_argument("--moves", type=int, default=10)
     args.add_argument("--timeout", type=float, default=45, help="completion timeout per move, s")
     args.add_argument("--workloads", default=",".join(WORKLOADS))
+    args.add_argument("--replot", action="store_true",
+                      help="only redraw migration.md and migration.png from migration.json")
     opts = args.parse_args()
+    if opts.replot:
+        report = json.loads((RESULTS / "migration.json").read_text())
+        (RESULTS / "migration.md").write_text(markdown(report))
+        plot(report, RESULTS / "migration.png")
+        return 0
 
     paths = default_paths()
     lab = Lab(paths, log=lambda m: print(f"  {m}", flush=True))
@@ -236,8 +243,8 @@ def plot(report, path: Path) -> None:
             for x, n in zip(xs, names):
                 r = next(r for r in report["runs"] if r["workload"] == n and r["method"] == method)
                 if r["converged"] < r["moves"]:
-                    ax.annotate(f"{r['converged']}/{r['moves']}\nconverged", (x, 1), ha="center",
-                                fontsize=7, color="red")
+                    ax.text(x, 0.04, f"{r['converged']}/{r['moves']}\nconverged", ha="center",
+                            fontsize=8, color="red", transform=ax.get_xaxis_transform())
         ax.set_xticks([j + 0.19 for j in range(len(names))], names)
         ax.set_title(title)
         ax.set_yscale("log")

@@ -314,7 +314,7 @@ def _progress_printer(enabled: bool):
     """A callback that redraws one progress line on a terminal (one line per update otherwise),
     with the engine's actions and warnings printed once above it."""
     tty = sys.stderr.isatty()
-    state = {"drawn": False, "warning": None}
+    state = {"drawn": False, "warned": set()}
 
     def show(progress) -> None:
         if not enabled:
@@ -324,9 +324,10 @@ def _progress_printer(enabled: bool):
                 click.echo("", err=True)
             state["drawn"] = False
             return
-        for note in display.progress_notes(progress, state["warning"]):
+        for note in display.progress_notes(progress, state["warned"]):
             click.echo(("\r\033[K" + note) if tty else note, err=True)
-        state["warning"] = progress.warning
+        if progress.warning:
+            state["warned"].add(progress.warning)
         line = display.progress_line(progress)
         click.echo(("\r\033[K" + line) if tty else line, err=True, nl=not tty)
         state["drawn"] = True

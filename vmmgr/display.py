@@ -42,9 +42,9 @@ def hop_rows(results: list[MigrationResult]) -> list[list]:
 HOP_HEADERS = ["from", "to", "total", "blackout", "sent", "iterations", "wall"]
 
 
-def progress_notes(p: JobProgress, last_warning: str | None) -> list[str]:
-    """Lines worth printing once, above the bar: what the engine did, a new warning."""
+def progress_notes(p: JobProgress, warned: set[str]) -> list[str]:
+    """Lines worth printing once, above the bar: what the engine did, a warning not yet given."""
     notes = [f"* {p.event}"] if p.event else []
-    if p.warning and p.warning != last_warning:
+    if p.warning and p.warning not in warned:
         notes.append(f"! {p.warning}")
     return notes

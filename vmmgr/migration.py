@@ -311,6 +311,11 @@ class _Migration:
         where = "still running on" if _is_active(self.guest) else "NOT running on"
         what = f"migration of {self.guest.name} from {self.source} to {self.target}"
         tail = f"the VM is {where} {self.source}"
+        if self.postcopy_started:
+            raise MigrationFailed(
+                f"{what} broke in post-copy and {POSTCOPY_RECOVERY_ATTEMPTS} recovery attempts "
+                f"failed ({error.get_error_message()}); its memory is split between the hosts, so "
+                f"it stays paused on both until the link is back and the migration is resumed")
         if self.policy_abort:
             raise MigrationFailed(f"{what} aborted by policy {self.policy.name}: {self.policy_abort}; {tail}")
         if error.get_error_code() == libvirt.VIR_ERR_OPERATION_ABORTED:

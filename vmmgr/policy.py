@@ -141,7 +141,6 @@ class Watch:
     downtime_ms: int = 0
     stepped_at: float = 0.0
     postcopy: bool = False
-    paused: bool = False
     finished: bool = False  # an abort or a pause was ordered: nothing more to decide
 
 
@@ -196,7 +195,7 @@ def _on_timeout(policy: Policy, w: Watch, why: str) -> tuple[Watch, list]:
         return replace(w, finished=True), [Abort(why)]
     if policy.postcopy:
         return replace(w, postcopy=True), [StartPostCopy(why)]
-    return replace(w, finished=True, paused=True), [Pause(why)]
+    return replace(w, finished=True), [Pause(why)]
 
 
 def warning(dirty_rate_bps: int, speed_bps: int, auto_converge: bool) -> str | None:
