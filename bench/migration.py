@@ -19,8 +19,6 @@ migration.md and migration.png.
 
 import argparse
 import json
-import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -239,7 +237,7 @@ def plot(report, path: Path) -> None:
                 r = next(r for r in report["runs"] if r["workload"] == n and r["method"] == method)
                 vals.append(r[key] or 0)
             xs = [j + i * 0.38 for j in range(len(names))]
-            bars = ax.bar(xs, vals, width=0.36, label=method)
+            ax.bar(xs, vals, width=0.36, label=method)
             for x, n in zip(xs, names):
                 r = next(r for r in report["runs"] if r["workload"] == n and r["method"] == method)
                 if r["converged"] < r["moves"]:

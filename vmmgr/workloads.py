@@ -34,7 +34,7 @@ def cmdline(workload: str, params: dict[str, str] | None = None) -> str:
         try:
             parsed = kind(value)
         except ValueError:
-            raise InvalidRequest(f"{workload} parameter {key}={value!r} is not a {kind.__name__}")
+            raise InvalidRequest(f"{workload} parameter {key}={value!r} is not a {kind.__name__}") from None
         if parsed < 0:
             raise InvalidRequest(f"{workload} parameter {key} must not be negative")
         words.append(f"vmmgr.{key}={parsed}")
