@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -108,6 +109,7 @@ class Lab:
             _ensure_root_bridge()
             wanted = [lab_host(i) for i in range(1, hosts + 1)]
             pending = [h for h in wanted if not self._healthy(h)]
+            started = list(pending)
             for h in pending:
                 self._remove_host(h)
             # The first daemon probes QEMU; later ones start from its cached answer.
@@ -120,6 +122,7 @@ class Lab:
                 self._start_host(h)
             for h in pending:
                 self._wait_ready(h)
+            _warm_host_capabilities(started)
             records = [
                 HostRecord(h.name, h.uri, accel, HOST_MEMORY_MIB, HOST_VCPUS, lab=True)
                 for h in self.running_hosts()
@@ -320,6 +323,27 @@ def probe_accel(image: BuiltinImage, timeout: float = 15) -> str:
     except subprocess.TimeoutExpired:
         return "tcg"
     return "kvm" if b"vmmgr-probe-ok" in out.stdout else "tcg"
+
+
+def _warm_host_capabilities(hosts: list[LabHost]) -> None:
+    """Have each new libvirtd build its host capabilities now, all at once.
+
+    libvirtd builds them lazily (NUMA, CPU and firmware probing: 4-8 s in this sandbox) on the
+    first VM start or incoming migration, which would otherwise land inside the first move to
+    each host.
+    """
+    def warm(h: LabHost) -> None:
+        conn = libvirt.open(h.uri)
+        try:
+            conn.getCapabilities()
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=warm, args=(h,)) for h in hosts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def _etc_hosts() -> str:
