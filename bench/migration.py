@@ -15,6 +15,10 @@ and must print no CORRUPT line and never restart.
 The physical limit of a move is the guest's RAM divided by the link's bandwidth, measured here
 with a TCP stream between two lab hosts (for heavy: the cap). Writes bench/results/migration.json,
 migration.md and migration.png.
+
+`--link-mbit N` shapes every lab host's inter-host link to N Mbit/s (tc tbf) for the run, as on
+real hosts where the network is the bottleneck: on the bare veth (~2 GiB/s) a TCG guest's
+migration is bound by QEMU's CPU, not by the link. Results then go to migration-<N>mbit.*.
 """
 
 import argparse
@@ -49,6 +53,7 @@ def main() -> int:
     args.add_argument("--moves", type=int, default=10)
     args.add_argument("--timeout", type=float, default=45, help="completion timeout per move, s")
     args.add_argument("--workloads", default=",".join(WORKLOADS))
+    args.add_argument("--link-mbit", type=int, default=0, help="shape the inter-host link")
     args.add_argument("--replot", action="store_true",
                       help="only redraw migration.md and migration.png from migration.json")
     opts = args.parse_args()
@@ -64,23 +69,27 @@ def main() -> int:
     records = lab.up(3)
     ring = [r.name for r in records[:3]]
     uris = {r.name: r.uri for r in records}
-    link = measure_link_mibps()
-    print(f"link between lab hosts: {link:.0f} MiB/s; accelerator {records[0].accel}", flush=True)
     runs = []
     try:
+        shape_links(ring, opts.link_mbit)
+        link = measure_link_mibps()
+        print(f"link between lab hosts: {link:.0f} MiB/s; accelerator {records[0].accel}", flush=True)
         with Fleet(paths) as fleet:
             for wname in opts.workloads.split(","):
                 for method in METHODS:
                     runs.append(bench_one(fleet, paths, uris, ring, wname, method, opts, link))
     finally:
+        shape_links(ring, 0)
         if started_lab:
             lab.down()
     report = {"accel": records[0].accel, "link_mibps": round(link, 1), "moves": opts.moves,
+              "link_shaped_mbit": opts.link_mbit or None,
               "timeout_s": opts.timeout, "policy": DEFAULT_POLICY, "runs": runs}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "migration.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / "migration.md").write_text(markdown(report))
-    plot(report, RESULTS / "migration.png")
+    stem = f"migration-{opts.link_mbit}mbit" if opts.link_mbit else "migration"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{stem}.md").write_text(markdown(report))
+    plot(report, RESULTS / f"{stem}.png")
     print(markdown(report))
     return 0
 
@@ -185,6 +194,19 @@ def pct(values, p):
     return ordered[k]
 
 
+def shape_links(hosts: list[str], mbit: int) -> None:
+    """Shape each lab host's inter-host link to `mbit` (0: remove the shaping)."""
+    for name in hosts:
+        ns = f"vmmgr-{name}"
+        if mbit:
+            subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0",
+                            "root", "tbf", "rate", f"{mbit}mbit", "burst", "256kb",
+                            "latency", "50ms"], check=True)
+        else:
+            subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root"],
+                           capture_output=True)
+
+
 def measure_link_mibps(seconds: float = 2.0) -> float:
     """TCP throughput from lab host1 to host2 over the inter-host bridge, in MiB/s."""
     receiver = subprocess.Popen(
@@ -206,8 +228,11 @@ def measure_link_mibps(seconds: float = 2.0) -> float:
 
 
 def markdown(report) -> str:
+    shaped = report.get("link_shaped_mbit")
     head = (f"Migration benchmark: {report['moves']} moves per row, accelerator {report['accel']}, "
-            f"link {report['link_mibps']} MiB/s, completion timeout {report['timeout_s']:g} s, "
+            f"link {report['link_mibps']} MiB/s"
+            f"{f' (shaped to {shaped} Mbit/s)' if shaped else ' (bare veth)'}, "
+            f"completion timeout {report['timeout_s']:g} s, "
             f"vmmgr policy `{report['policy']}`.\n\n")
     rows = ["| workload | method | converged | total p50 | blackout p50 | blackout p99 | sent p50 "
             "| memory verified | total ÷ (RAM ÷ link) |", "|---|---|---|---|---|---|---|---|---|"]
@@ -247,8 +272,10 @@ def plot(report, path: Path) -> None:
         ax.set_title(title)
         ax.set_yscale("log")
         ax.legend()
+    link = (f"link {report['link_shaped_mbit']} Mbit/s" if report.get("link_shaped_mbit")
+            else "bare veth link")
     fig.suptitle(f"plain virsh vs vmmgr ({report['policy']}), {report['moves']} moves each, "
-                 f"{report['accel']}")
+                 f"{report['accel']}, {link}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

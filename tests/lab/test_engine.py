@@ -96,3 +96,32 @@ def test_safe_policy_aborts_at_its_timeout_and_the_vm_stays(make_vm, fleet, path
     wait_dirtier_passes(paths, "stuck", before + 2)
     assert_memory_intact(paths, "stuck")
     assert console.hosts_seen(paths.consoles, "stuck") == ["host2"]
+
+
+def test_postcopy_recovers_when_the_link_breaks(make_vm, fleet, paths):
+    """The migration stream is cut in the middle of post-copy: the same migration is resumed."""
+    make_vm("pcrec", host="host1", workload="dirtier", memory=192, rate=64, mib=64)
+    wait_dirtier_passes(paths, "pcrec", 2)
+    # Post-copy as soon as the second pass stalls, over a slow link: a long post-copy phase.
+    policy = get_policy("never-fail", 8, downtime_start_ms=300, downtime_steps=0,
+                        postcopy_after_stall_s=0.5)
+    postcopy_polls = []
+
+    def cut_the_stream(progress):
+        if progress.phase != "postcopy":
+            return
+        postcopy_polls.append(progress)
+        if len(postcopy_polls) == 5:  # a second into post-copy
+            # Kill every TCP connection from host1 to host2 but libvirtd's own (16509): QEMU
+            # sees its migration stream break at once, as when a link drops and comes back.
+            subprocess.run(["ip", "netns", "exec", "vmmgr-host1", "ss", "-K", "dst", "10.77.0.12",
+                            "dport", "!=", ":16509"], check=True, capture_output=True)
+
+    result = migrate(fleet, "pcrec", "host2", policy=policy, on_progress=cut_the_stream)
+    assert len(postcopy_polls) >= 5 and result.postcopy
+    assert any("recovery attempt 1" in e for e in result.events), result.events
+    assert where_defined(fleet, "pcrec") == ["host2"]
+    assert fleet.locate("pcrec").state() == "running"
+    before = wait_dirtier_passes(paths, "pcrec", 0)
+    wait_dirtier_passes(paths, "pcrec", before + 3)
+    assert_memory_intact(paths, "pcrec")
