@@ -13,7 +13,7 @@ import click
 
 from . import console, demo as demo_mod, display, workloads
 from .errors import InvalidRequest, VmmgrError
-from .fleet import Fleet
+from .fleet import Fleet, VMInfo
 from .images import ensure_builtin
 from .lab import Lab, status_dicts
 from .migration import cancel as cancel_migration, migrate as run_migration
@@ -21,6 +21,7 @@ from .paths import Paths, default_paths
 from .placement import choose_host
 from .policy import DEFAULT_POLICY, POLICIES, get_policy
 from .spec import make_spec
+from . import suspend as suspension
 
 
 def main() -> None:
@@ -190,6 +191,8 @@ def vm_list(paths: Paths, as_json: bool) -> None:
     """Every VM on every host."""
     with Fleet(paths) as fleet:
         infos = fleet.vms()
+        infos += [VMInfo(r.vm, "-", "suspended", r.memory_mib, r.vcpus, "")
+                  for r in suspension.suspended(fleet)]
     if as_json:
         return _emit_json([asdict(i) for i in infos])
     click.echo(display.table(
@@ -238,11 +241,40 @@ def vm_console(paths: Paths, name: str, follow: bool) -> None:
         pass
 
 
+@vm.command("suspend")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def vm_suspend(paths: Paths, name: str, as_json: bool) -> None:
+    """Save a running VM to shared storage and free its host; `resume` continues it anywhere."""
+    with Fleet(paths) as fleet:
+        record = suspension.suspend(fleet, name)
+    if as_json:
+        return _emit_json(asdict(record))
+    click.echo(f"{name} suspended from {record.from_host}: {record.image_bytes / display.MiB:.0f} MiB "
+               f"image in {record.save_ms} ms")
+
+
+@vm.command("resume")
+@click.argument("name")
+@click.option("--host", "host_name", help="Where to resume it (default: the host with most room).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def vm_resume(paths: Paths, name: str, host_name: str | None, as_json: bool) -> None:
+    """Restore a suspended VM, exactly where it stopped."""
+    with Fleet(paths) as fleet:
+        result = suspension.resume(fleet, name, host_name)
+    if as_json:
+        return _emit_json(asdict(result))
+    click.echo(f"{name} resumed on {result.host} in {result.restore_ms} ms "
+               f"(suspended for {result.suspended_for_s:.1f} s)")
+
+
 @vm.command("destroy")
 @click.argument("name")
 @click.pass_obj
 def vm_destroy(paths: Paths, name: str) -> None:
-    """Power a VM off and remove it (and its console log)."""
+    """Power a VM off and remove it (and its console log); a suspended VM loses its image."""
     with Fleet(paths) as fleet:
         where = fleet.destroy(name)
     click.echo(f"{name} destroyed on {where}")

@@ -4,6 +4,7 @@ libvirt is the ground truth for where a VM is: `locate` asks the hosts. Creating
 VMs happens here; moving them is `migration`'s job.
 """
 
+import shutil
 from dataclasses import dataclass
 
 from . import console
@@ -103,7 +104,7 @@ class Fleet:
         """Define and start `spec` on a host; on any failure nothing is left defined."""
         host = self.host(host_name)
         with vm_operation(self.paths.locks, spec.name, f"create on {host_name}"):
-            if self.find(spec.name) is not None:
+            if self.find(spec.name) is not None or self.is_suspended(spec.name):
                 raise Conflict(f"VM {spec.name!r} already exists")
             reason = refusal(host.capacity(), spec.memory_mib, spec.vcpus)
             if reason:
@@ -118,14 +119,22 @@ class Fleet:
                 raise
             return guest
 
+    def is_suspended(self, vm: str) -> bool:
+        return (self.paths.saves / vm / "record.json").is_file()
+
     def destroy(self, vm: str) -> str:
-        """Power the VM off and remove it everywhere, console logs included; returns its host."""
+        """Power the VM off and remove it everywhere (a suspended VM: its image), console logs
+        included; returns where it was."""
         with vm_operation(self.paths.locks, vm, "destroy"):
-            guest = self.locate(vm)
-            guest.destroy()
-            guest.undefine()
+            guest = self.find(vm)
+            if guest is None and not self.is_suspended(vm):
+                raise NotFound(f"unknown VM {vm!r}")
+            if guest is not None:
+                guest.destroy()
+                guest.undefine()
+            shutil.rmtree(self.paths.saves / vm, ignore_errors=True)
             console.remove(self.paths.consoles, vm)
-            return guest.host_name
+            return guest.host_name if guest is not None else "storage (suspended)"
 
 
 def require_other_host(guest: Guest, target: str) -> None:

@@ -27,6 +27,11 @@ class Paths:
         return self.storage / "consoles"
 
     @property
+    def saves(self) -> Path:
+        """Suspended VMs: one folder each (save image, definition, record)."""
+        return self.storage / "saves"
+
+    @property
     def locks(self) -> Path:
         return self.home / "locks"
 
