@@ -21,7 +21,7 @@ from .paths import Paths, default_paths
 from .placement import choose_host
 from .policy import DEFAULT_POLICY, POLICIES, get_policy
 from .spec import make_spec
-from . import suspend as suspension
+from . import reclaim, suspend as suspension
 
 
 def main() -> None:
@@ -113,19 +113,72 @@ def host_list(paths: Paths, as_json: bool) -> None:
             try:
                 cap = h.capacity()
                 rows.append({"name": h.name, "uri": h.uri, "accel": h.accel, "reachable": True,
+                             "state": h.record.state,
                              **asdict(cap), "free_memory_mib": cap.free_memory_mib,
                              "free_vcpus": cap.free_vcpus})
             except VmmgrError as err:
                 rows.append({"name": h.name, "uri": h.uri, "accel": h.accel, "reachable": False,
-                             "error": str(err)})
+                             "state": h.record.state, "error": str(err)})
     if as_json:
         return _emit_json(rows)
     click.echo(display.table(
-        ["host", "accel", "memory (free/total MiB)", "vCPUs (free/total)", "vms"],
-        [[r["name"], r["accel"],
+        ["host", "state", "accel", "memory (free/total MiB)", "vCPUs (free/total)", "vms"],
+        [[r["name"], r["state"], r["accel"],
           f"{r['free_memory_mib']}/{r['memory_mib']}" if r["reachable"] else "unreachable",
           f"{r['free_vcpus']}/{r['vcpus']}" if r["reachable"] else "-",
           ",".join(r.get("vms", ())) or "-"] for r in rows]))
+
+
+@host.command("reclaim")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def host_reclaim(paths: Paths, name: str, as_json: bool) -> None:
+    """Empty a host now: live-migrate what fits elsewhere, suspend the rest to disk."""
+    _evacuate(paths, name, deadline=True, as_json=as_json)
+
+
+@host.command("drain")
+@click.argument("name")
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for room.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def host_drain(paths: Paths, name: str, timeout: float, as_json: bool) -> None:
+    """Empty a host by live migration only, waiting for room where there is none yet."""
+    _evacuate(paths, name, deadline=False, as_json=as_json, wait_timeout=timeout)
+
+
+def _evacuate(paths: Paths, name: str, deadline: bool, as_json: bool, **kw) -> None:
+    with Fleet(paths) as fleet:
+        report = reclaim.evacuate(fleet, name, deadline,
+                                  on_event=(lambda m: None) if as_json else _log, **kw)
+    if as_json:
+        return _emit_json(asdict(report))
+    click.echo(f"{name}: {len(report.migrated)} migrated, {len(report.suspended)} suspended, "
+               f"{len(report.failed)} failed in {report.seconds} s")
+    if report.failed:
+        raise VmmgrError(f"{len(report.failed)} VMs could not be moved: "
+                         + "; ".join(f"{vm}: {e}" for vm, e in report.failed.items()))
+
+
+@host.command("enable")
+@click.argument("name")
+@click.pass_obj
+def host_enable(paths: Paths, name: str) -> None:
+    """Put a host back in service; parked VMs resume on it (or anywhere with room)."""
+    with Fleet(paths) as fleet:
+        resumed = reclaim.enable(fleet, name, on_event=_log)
+    click.echo(f"{name} active; {len(resumed)} parked VMs resumed")
+
+
+@cli.command()
+@click.pass_obj
+def reconcile(paths: Paths) -> None:
+    """Resume parked (suspended) VMs, oldest first, wherever there is room."""
+    with Fleet(paths) as fleet:
+        resumed = reclaim.resume_parked(fleet, on_event=_log)
+        left = len(suspension.suspended(fleet))
+    click.echo(f"{len(resumed)} parked VMs resumed, {left} still parked")
 
 
 # ---- VMs -----------------------------------------------------------------------------------
@@ -165,8 +218,7 @@ def vm_create(paths: Paths, name, host_name, workload, params, kernel, initrd, c
                          workload=workload)
     with Fleet(paths) as fleet:
         if not host_name:
-            host_name, refused = choose_host(
-                {h.name: h.capacity() for h in fleet.hosts()}, spec.memory_mib, spec.vcpus)
+            host_name, refused = choose_host(fleet.active_capacities(), spec.memory_mib, spec.vcpus)
             if host_name is None:
                 why = "; ".join(f"{h}: {r}" for h, r in refused.items()) or "no hosts"
                 raise VmmgrError(f"no host has room for {name}: {why}")

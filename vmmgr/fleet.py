@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from . import console
 from .errors import Conflict, HostUnreachable, InvalidRequest, NotFound, VmmgrError
 from .guest import Guest
-from .host import Host
+from .host import Capacity, Host
 from .inventory import Inventory
 from .locks import vm_operation
 from .paths import Paths
@@ -50,7 +50,19 @@ class Fleet:
         record = self.inventory.get(name)  # NotFound for an unknown host
         if name not in self._hosts:
             self._hosts[name] = Host(record)
+        self._hosts[name].record = record  # the state may have changed since
         return self._hosts[name]
+
+    def active_capacities(self, exclude: str | None = None) -> dict[str, Capacity]:
+        """Capacities of the hosts that take VMs now (active and reachable)."""
+        caps = {}
+        for h in self.hosts():
+            if h.name != exclude and h.record.state == "active":
+                try:
+                    caps[h.name] = h.capacity()
+                except VmmgrError:
+                    continue
+        return caps
 
     def hosts(self) -> list[Host]:
         return [self.host(r.name) for r in self.inventory.records()]
@@ -106,6 +118,7 @@ class Fleet:
         with vm_operation(self.paths.locks, spec.name, f"create on {host_name}"):
             if self.find(spec.name) is not None or self.is_suspended(spec.name):
                 raise Conflict(f"VM {spec.name!r} already exists")
+            require_active(host)
             reason = refusal(host.capacity(), spec.memory_mib, spec.vcpus)
             if reason:
                 raise Conflict(f"host {host_name} has no room for {spec.name}: {reason}")
@@ -135,6 +148,11 @@ class Fleet:
             shutil.rmtree(self.paths.saves / vm, ignore_errors=True)
             console.remove(self.paths.consoles, vm)
             return guest.host_name if guest is not None else "storage (suspended)"
+
+
+def require_active(host: Host) -> None:
+    if host.record.state != "active":
+        raise Conflict(f"host {host.name} is {host.record.state}: it takes no new VMs")
 
 
 def require_other_host(guest: Guest, target: str) -> None:

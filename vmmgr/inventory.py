@@ -6,11 +6,14 @@ and how many vCPUs vmmgr may hand out there (what placement counts against).
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from .errors import Conflict, InvalidRequest, NotFound
 from .spec import validate_name
+
+
+HOST_STATES = ("active", "draining", "reclaimed")
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,7 @@ class HostRecord:
     memory_mib: int = 0  # 0: everything the host reports
     vcpus: int = 0  # 0: the host's CPU count
     lab: bool = False  # made by `vmmgr lab up`, removed by `lab down`
+    state: str = "active"  # "draining": takes no new VMs; "reclaimed": empty, out of service
 
 
 class Inventory:
@@ -48,6 +52,12 @@ class Inventory:
         if not replace and len(records) != len(self.records()):
             raise Conflict(f"host {record.name!r} already exists")
         self._write(records + [record])
+
+    def set_state(self, name: str, state: str) -> None:
+        if state not in HOST_STATES:
+            raise InvalidRequest(f"host state must be one of {', '.join(HOST_STATES)}")
+        record = self.get(name)
+        self.add(replace(record, state=state), replace=True)
 
     def remove(self, names: set[str]) -> None:
         self._write([r for r in self.records() if r.name not in names])

@@ -17,7 +17,7 @@ import libvirt
 
 from . import console, policy as pol
 from .errors import Conflict, MigrationFailed, NotFound, VmmgrError
-from .fleet import Fleet, require_other_host
+from .fleet import Fleet, require_active, require_other_host
 from .guest import Guest
 from .libvirt_errors import translated
 from .locks import vm_operation
@@ -160,6 +160,7 @@ def migrate(
     with vm_operation(fleet.paths.locks, vm, f"migration to {target}"):
         guest = fleet.locate(vm)
         require_other_host(guest, target)
+        require_active(dest)
         if guest.state() != "running":
             raise Conflict(f"VM {vm!r} is {guest.state()}: only a running VM is live-migrated")
         reason = refusal(dest.capacity(), guest.memory_mib(), guest.vcpus())

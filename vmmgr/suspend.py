@@ -18,7 +18,7 @@ import libvirt
 
 from . import console
 from .errors import Conflict, NotFound
-from .fleet import Fleet
+from .fleet import Fleet, require_active
 from .libvirt_errors import translated
 from .locks import vm_operation
 from .placement import choose_host, refusal
@@ -102,12 +102,12 @@ def resume(fleet: Fleet, vm: str, host: str | None = None) -> Resumed:
                 raise Conflict(f"VM {vm!r} is not suspended: it runs on {fleet.locate(vm).host_name}")
             raise NotFound(f"unknown VM {vm!r}")
         if host is None:
-            host, refused = choose_host(
-                {h.name: h.capacity() for h in fleet.hosts()}, record.memory_mib, record.vcpus)
+            host, refused = choose_host(fleet.active_capacities(), record.memory_mib, record.vcpus)
             if host is None:
                 why = "; ".join(f"{h}: {r}" for h, r in refused.items()) or "no hosts"
                 raise Conflict(f"no host has room to resume {vm}: {why}")
         target = fleet.host(host)
+        require_active(target)
         reason = refusal(target.capacity(), record.memory_mib, record.vcpus)
         if reason:
             raise Conflict(f"host {host} has no room to resume {vm}: {reason}")

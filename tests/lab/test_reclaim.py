@@ -1,0 +1,98 @@
+"""Reclaim and drain: a host is emptied and nothing on it is lost."""
+
+import json
+import subprocess
+import time
+
+from .conftest import VMMGR, assert_contiguous, cli, ticks, wait_ticks, where_defined
+
+
+def counters(make_vm, paths, names, host="host1"):
+    for name in names:
+        make_vm(name, host=host, interval=0.1)
+    for name in names:
+        wait_ticks(paths, name, 3)
+
+
+def host_state(name):
+    hosts = {h["name"]: h for h in json.loads(cli("host", "list", "--json", check_code=0).stdout)}
+    return hosts[name]["state"]
+
+
+def test_reclaim_moves_every_vm_when_others_have_room(make_vm, fleet, paths):
+    names = ["rc1", "rc2", "rc3"]
+    counters(make_vm, paths, names)
+    try:
+        report = json.loads(cli("host", "reclaim", "host1", "--json", check_code=0).stdout)
+        assert sorted(report["migrated"]) == names and report["suspended"] == []
+        assert host_state("host1") == "reclaimed"
+        assert fleet.host("host1").guests() == []
+        for name in names:
+            assert where_defined(fleet, name)[0] in ("host2", "host3")
+            wait_ticks(paths, name, len(ticks(paths, name)) + 3)
+            assert ticks(paths, name)[0] == 0
+            assert_contiguous(ticks(paths, name))
+        # A reclaimed host takes nothing until enabled.
+        proc = cli("migrate", "rc1", "--to", "host1")
+        assert proc.returncode == 4 and "host host1 is reclaimed" in proc.stderr
+    finally:
+        cli("host", "enable", "host1", check_code=0)
+    assert host_state("host1") == "active"
+
+
+def test_reclaim_without_room_parks_vms_and_they_resume_when_capacity_returns(make_vm, fleet, paths):
+    # host2 and host3 are full: nothing on host1 fits anywhere else.
+    make_vm("full2", host="host2", workload="idle", memory=1024)
+    make_vm("full3", host="host3", workload="idle", memory=1024)
+    names = ["pk1", "pk2"]
+    counters(make_vm, paths, names)
+    try:
+        report = json.loads(cli("host", "reclaim", "host1", "--json", check_code=0).stdout)
+        assert sorted(report["suspended"]) == names and report["migrated"] == []
+        assert host_state("host1") == "reclaimed"
+        frozen = {n: ticks(paths, n) for n in names}
+        listed = {v["name"]: v["state"] for v in json.loads(cli("vm", "list", "--json").stdout)}
+        assert all(listed[n] == "suspended" for n in names)
+        for n in names:
+            assert where_defined(fleet, n) == []
+
+        # Capacity returns: host1 is put back in service, and the parked VMs resume by themselves.
+        out = cli("host", "enable", "host1", check_code=0).stdout
+        assert "2 parked VMs resumed" in out
+        for n in names:
+            assert where_defined(fleet, n) == ["host1"]
+            seen = wait_ticks(paths, n, len(frozen[n]) + 3)
+            assert seen[: len(frozen[n])] == frozen[n]
+            assert_contiguous(seen)  # exactly where it stopped: no gap, no repeat
+    finally:
+        cli("host", "enable", "host1")
+
+
+def test_drain_waits_for_room_instead_of_suspending(make_vm, fleet, paths):
+    make_vm("dr1", host="host3", interval=0.1)
+    make_vm("wall1", host="host1", workload="idle", memory=1024)
+    make_vm("wall2", host="host2", workload="idle", memory=1024)
+    wait_ticks(paths, "dr1", 3)
+    drain = subprocess.Popen([VMMGR, "host", "drain", "host3", "--json", "--timeout", "60"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(4)
+        assert drain.poll() is None  # waiting: nowhere to go, and it does not suspend
+        assert where_defined(fleet, "dr1") == ["host3"] and not fleet.is_suspended("dr1")
+        assert host_state("host3") == "draining"
+        cli("vm", "destroy", "wall2", check_code=0)  # room appears on host2
+        out, err = drain.communicate(timeout=60)
+    finally:
+        if drain.poll() is None:
+            drain.kill()
+        cli("host", "enable", "host3")
+    assert drain.returncode == 0, err
+    assert json.loads(out)["migrated"] == ["dr1"]
+    assert where_defined(fleet, "dr1") == ["host2"]
+    assert_contiguous(ticks(paths, "dr1"))
+
+
+def test_reclaim_refuses_unknown_hosts(lab):
+    proc = cli("host", "reclaim", "host9")
+    assert proc.returncode == 3 and "unknown host 'host9'" in proc.stderr
+    assert cli("host", "enable", "nowhere").returncode == 3

@@ -1,0 +1,39 @@
+from vmmgr.host import Capacity
+from vmmgr.reclaim import Step, VMSize, plan_evacuation
+
+
+def cap(used=0, memory=1024, vcpus=4, used_vcpus=0):
+    return Capacity(memory, vcpus, used, used_vcpus, ())
+
+
+def test_largest_first_onto_the_most_room_reserving_as_it_goes():
+    vms = [VMSize("a", 128, 1), VMSize("b", 512, 1), VMSize("c", 256, 1)]
+    steps = plan_evacuation(vms, {"h2": cap(used=0), "h3": cap(used=256)}, deadline=True)
+    assert [(s.vm, s.action, s.target) for s in steps] == [
+        ("b", "migrate", "h2"),  # 1024 free beats 768
+        ("c", "migrate", "h3"),  # now h3 has 768, h2 512
+        ("a", "migrate", "h2"),  # h2 512 vs h3 512: tie goes by name
+    ]
+
+
+def test_what_does_not_fit_is_suspended_under_a_deadline_and_waits_otherwise():
+    vms = [VMSize("big", 900, 1), VMSize("small", 100, 1)]
+    caps = {"h2": cap(used=824)}  # 200 MiB free
+    reclaim = plan_evacuation(vms, caps, deadline=True)
+    assert [(s.vm, s.action) for s in reclaim] == [("big", "suspend"), ("small", "migrate")]
+    assert reclaim[0].reason == "no room (h2: needs 900 MiB, 200 MiB free of 1024 MiB)"
+    drain = plan_evacuation(vms, caps, deadline=False)
+    assert [(s.vm, s.action) for s in drain] == [("big", "wait"), ("small", "migrate")]
+
+
+def test_no_other_host_at_all():
+    steps = plan_evacuation([VMSize("a", 128, 1)], {}, deadline=True)
+    assert steps == [Step("a", "suspend", None, "no room (no other active host)")]
+
+
+def test_never_overcommits_across_the_plan():
+    vms = [VMSize(f"v{i}", 300, 1) for i in range(7)]
+    steps = plan_evacuation(vms, {"h2": cap(), "h3": cap()}, deadline=True)
+    placed = [s.target for s in steps if s.action == "migrate"]
+    assert placed.count("h2") == 3 and placed.count("h3") == 3  # 900 MiB fits, 1200 does not
+    assert [s.vm for s in steps if s.action == "suspend"] == ["v6"]
