@@ -84,7 +84,7 @@ def evacuate(fleet: Fleet, host: str, deadline: bool, per_target: int = 2, paral
         if not vms:
             break
         steps = plan_evacuation(vms, fleet.active_capacities(exclude=host), deadline)
-        _carry_out(fleet, steps, report, per_target, parallel, on_event)
+        _carry_out(fleet, steps, report, per_target, parallel, deadline, on_event)
         if deadline or time.monotonic() - t0 > wait_timeout:
             break
         if all(s.action == "wait" for s in steps):
@@ -97,22 +97,32 @@ def evacuate(fleet: Fleet, host: str, deadline: bool, per_target: int = 2, paral
     return report
 
 
-def _carry_out(fleet, steps, report, per_target, parallel, on_event) -> None:
+def _carry_out(fleet, steps, report, per_target, parallel, deadline, on_event) -> None:
     slots = {s.target: threading.Semaphore(per_target) for s in steps if s.target}
+
+    def park(vm: str, why: str) -> None:
+        on_event(f"{vm}: suspending, {why}")
+        suspend.suspend(fleet, vm)
+        report.suspended.append(vm)
+        on_event(f"{vm}: suspended to disk, parked")
 
     def run(step: Step) -> None:
         try:
             if step.action == "migrate":
                 with slots[step.target]:
                     on_event(f"{step.vm}: migrating to {step.target}")
-                    r = migrate(fleet, step.vm, step.target)
+                    try:
+                        r = migrate(fleet, step.vm, step.target)
+                    except VmmgrError as err:
+                        if not deadline:
+                            raise
+                        # The host must be emptied: a VM that could not move is parked, not lost.
+                        park(step.vm, f"migration failed ({err})")
+                        return
                     report.migrated.append(step.vm)
                     on_event(f"{step.vm}: on {step.target} (blackout {r.downtime_ms} ms)")
             elif step.action == "suspend":
-                on_event(f"{step.vm}: suspending, {step.reason}")
-                suspend.suspend(fleet, step.vm)
-                report.suspended.append(step.vm)
-                on_event(f"{step.vm}: suspended to disk, parked")
+                park(step.vm, step.reason)
         except VmmgrError as err:
             report.failed[step.vm] = str(err)
             on_event(f"{step.vm}: {err}")

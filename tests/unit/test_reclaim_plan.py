@@ -37,3 +37,24 @@ def test_never_overcommits_across_the_plan():
     placed = [s.target for s in steps if s.action == "migrate"]
     assert placed.count("h2") == 3 and placed.count("h3") == 3  # 900 MiB fits, 1200 does not
     assert [s.vm for s in steps if s.action == "suspend"] == ["v6"]
+
+
+def test_under_a_deadline_a_failed_move_is_parked_not_left_behind(mocker):
+    from vmmgr import reclaim
+    from vmmgr.errors import MigrationFailed
+
+    mocker.patch.object(reclaim, "migrate", side_effect=MigrationFailed("link down"))
+    parked = mocker.patch.object(reclaim.suspend, "suspend")
+    steps = [Step("a", "migrate", "h2", ""), Step("b", "suspend", None, "no room")]
+
+    report = reclaim.EvacuationReport("h1", [], [], {}, 0.0)
+    reclaim._carry_out(object(), steps, report, 2, 2, True, lambda m: None)
+    assert sorted(report.suspended) == ["a", "b"] and report.failed == {}
+    assert sorted(c.args[1] for c in parked.call_args_list) == ["a", "b"]
+
+    # Without a deadline (drain) nothing is suspended: the failure is reported, the VM stays.
+    parked.reset_mock()
+    report = reclaim.EvacuationReport("h1", [], [], {}, 0.0)
+    reclaim._carry_out(object(), steps[:1], report, 2, 2, False, lambda m: None)
+    assert report.suspended == [] and report.failed == {"a": "link down"}
+    parked.assert_not_called()
