@@ -41,7 +41,7 @@ GUEST_BRIDGE = "br-guest"
 GUEST_GATEWAY_CIDR = "10.78.0.1/24"
 GUEST_GATEWAY_MAC = "02:76:6d:00:00:01"
 HOST_MEMORY_MIB = 1024  # what each lab host offers VMs: small, so "no room" is easy to reach
-HOST_VCPUS = 4
+HOST_VCPUS = 8  # vCPUs may be overcommitted; memory (above) never is
 LIBVIRT_DIRS = {  # per-host folder -> the path libvirtd sees
     "etc": "/etc/libvirt",
     "run": "/run/libvirt",
