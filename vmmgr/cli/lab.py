@@ -1,0 +1,46 @@
+"""`vmmgr lab ...`: the local lab."""
+
+import click
+
+from .. import display
+from ..lab import Lab, status_dicts
+from ..paths import Paths
+from .base import emit_json, log_line, cli
+
+@cli.group()
+def lab() -> None:
+    """The local lab: several hosts on this machine."""
+
+
+@lab.command("up")
+@click.option("--hosts", default=3, show_default=True, type=click.IntRange(1, 9))
+@click.option("--accel", type=click.Choice(["kvm", "tcg"]), help="Skip detection and use this.")
+@click.pass_obj
+def lab_up(paths: Paths, hosts: int, accel: str | None) -> None:
+    """Start (or repair) a lab of N hosts."""
+    records = Lab(paths, log=log_line).up(hosts, accel)
+    click.echo(display.table(["host", "uri", "accel"], [[r.name, r.uri, r.accel] for r in records]))
+
+
+@lab.command("status")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def lab_status(paths: Paths, as_json: bool) -> None:
+    """The lab's hosts and whether their daemons answer."""
+    statuses = Lab(paths).status()
+    if as_json:
+        return emit_json({"accel": Lab(paths).accel(), "hosts": status_dicts(statuses)})
+    if not statuses:
+        click.echo("the lab is down")
+        return
+    rows = [[s.name, s.ip, s.libvirtd_pid or "-", "yes" if s.reachable else "NO", s.vms]
+            for s in statuses]
+    click.echo(display.table(["host", "address", "libvirtd", "answers", "vms"], rows))
+
+
+@lab.command("down")
+@click.pass_obj
+def lab_down(paths: Paths) -> None:
+    """Remove every namespace, daemon, VM and link of the lab."""
+    removed = Lab(paths, log=log_line).down()
+    click.echo(f"removed {len(removed)} namespaces and links" if removed else "nothing to remove")

@@ -1,0 +1,163 @@
+"""`vmmgr vm ...`: create, inspect, suspend, resume and remove VMs."""
+
+import sys
+from dataclasses import asdict
+
+import click
+
+from .. import console, display, suspend as suspension, workloads
+from ..errors import InvalidRequest, VmmgrError
+from ..fleet import Fleet, VMInfo
+from ..images import ensure_builtin
+from ..paths import Paths
+from ..placement import choose_host
+from ..spec import make_spec
+from .base import emit_json, log_line, cli
+
+@cli.group()
+def vm() -> None:
+    """Create, inspect and remove VMs."""
+
+
+@vm.command("create")
+@click.argument("name")
+@click.option("--host", "host_name", help="Where to start it (default: the host with most room).")
+@click.option("--workload", help="Built-in guest workload (default counter, unless --kernel).")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="Workload parameter, e.g. --param interval=0.5 --param count=100.")
+@click.option("--kernel", help="Kernel image (inside the image directory).")
+@click.option("--initrd", help="Initrd image (inside the image directory).")
+@click.option("--cmdline", default="console=ttyS0", show_default=True,
+              help="Kernel command line for --kernel.")
+@click.option("--memory", default=128, show_default=True, help="MiB.")
+@click.option("--vcpus", default=1, show_default=True)
+@click.pass_obj
+def vm_create(paths: Paths, name, host_name, workload, params, kernel, initrd, cmdline,
+              memory, vcpus) -> None:
+    """Define and start a VM."""
+    if kernel and (workload or params):
+        raise InvalidRequest("give either --kernel (with --initrd/--cmdline) or --workload")
+    if kernel:
+        spec = make_spec(name, memory_mib=memory, vcpus=vcpus, kernel=kernel, initrd=initrd,
+                         cmdline=cmdline, image_root=paths.images)
+    else:
+        workload = workload or "counter"
+        line = workloads.cmdline(workload, _parse_params(params))
+        image = ensure_builtin(paths.images, log_line)
+        spec = make_spec(name, memory_mib=memory, vcpus=vcpus, kernel=image.kernel,
+                         initrd=image.initrd, cmdline=line, image_root=paths.images,
+                         workload=workload)
+    with Fleet(paths) as fleet:
+        if not host_name:
+            host_name, refused = choose_host(fleet.active_capacities(), spec.memory_mib, spec.vcpus)
+            if host_name is None:
+                why = "; ".join(f"{h}: {r}" for h, r in refused.items()) or "no hosts"
+                raise VmmgrError(f"no host has room for {name}: {why}")
+        guest = fleet.create(spec, host_name)
+        click.echo(f"{guest.name} running on {guest.host_name}")
+
+
+def _parse_params(params: tuple[str, ...]) -> dict[str, str]:
+    parsed = {}
+    for p in params:
+        key, sep, value = p.partition("=")
+        if not sep or not key:
+            raise InvalidRequest(f"--param wants KEY=VALUE, not {p!r}")
+        parsed[key] = value
+    return parsed
+
+
+@vm.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def vm_list(paths: Paths, as_json: bool) -> None:
+    """Every VM on every host."""
+    with Fleet(paths) as fleet:
+        infos = fleet.vms()
+        infos += [VMInfo(r.vm, "-", "suspended", r.memory_mib, r.vcpus, "")
+                  for r in suspension.suspended(fleet)]
+    if as_json:
+        return emit_json([asdict(i) for i in infos])
+    click.echo(display.table(
+        ["vm", "host", "state", "memory", "vcpus", "workload"],
+        [[i.name, i.host, i.state, f"{i.memory_mib} MiB", i.vcpus, i.workload or "-"]
+         for i in infos]))
+
+
+@vm.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def vm_show(paths: Paths, name: str, as_json: bool) -> None:
+    """One VM: where it runs, its size, and the hosts its console came from."""
+    with Fleet(paths) as fleet:
+        g = fleet.locate(name)
+        info = {
+            "name": g.name, "uuid": g.uuid, "host": g.host_name, "state": g.state(),
+            "memory_mib": g.memory_mib(), "vcpus": g.vcpus(), "workload": g.workload(),
+            "console_hosts": console.hosts_seen(paths.consoles, name),
+        }
+    if as_json:
+        return emit_json(info)
+    for key, value in info.items():
+        click.echo(f"{key:14} {', '.join(value) if isinstance(value, list) else value}")
+
+
+@vm.command("console")
+@click.argument("name")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing as the VM writes.")
+@click.pass_obj
+def vm_console(paths: Paths, name: str, follow: bool) -> None:
+    """The VM's whole serial output, across every host it ran on."""
+    with Fleet(paths) as fleet:
+        fleet.locate(name)  # NotFound for an unknown VM
+    out = sys.stdout.buffer
+    if not follow:
+        out.write(console.read(paths.consoles, name))
+        out.flush()
+        return
+    try:
+        for chunk in console.follow(paths.consoles, name):
+            out.write(chunk)
+            out.flush()
+    except KeyboardInterrupt:
+        pass
+
+
+@vm.command("suspend")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def vm_suspend(paths: Paths, name: str, as_json: bool) -> None:
+    """Save a running VM to shared storage and free its host; `resume` continues it anywhere."""
+    with Fleet(paths) as fleet:
+        record = suspension.suspend(fleet, name)
+    if as_json:
+        return emit_json(asdict(record))
+    click.echo(f"{name} suspended from {record.from_host}: {record.image_bytes / display.MiB:.0f} MiB "
+               f"image in {record.save_ms} ms")
+
+
+@vm.command("resume")
+@click.argument("name")
+@click.option("--host", "host_name", help="Where to resume it (default: the host with most room).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def vm_resume(paths: Paths, name: str, host_name: str | None, as_json: bool) -> None:
+    """Restore a suspended VM, exactly where it stopped."""
+    with Fleet(paths) as fleet:
+        result = suspension.resume(fleet, name, host_name)
+    if as_json:
+        return emit_json(asdict(result))
+    click.echo(f"{name} resumed on {result.host} in {result.restore_ms} ms "
+               f"(suspended for {result.suspended_for_s:.1f} s)")
+
+
+@vm.command("destroy")
+@click.argument("name")
+@click.pass_obj
+def vm_destroy(paths: Paths, name: str) -> None:
+    """Power a VM off and remove it (and its console log); a suspended VM loses its image."""
+    with Fleet(paths) as fleet:
+        where = fleet.destroy(name)
+    click.echo(f"{name} destroyed on {where}")
