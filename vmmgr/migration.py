@@ -209,8 +209,15 @@ class _Migration:
         params[libvirt.VIR_MIGRATE_PARAM_DEST_XML] = set_console_path(guest.xml(migratable=True), segment)
         params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML] = set_console_path(persistent, segment)
 
+        # The first downtime limit is set before the job starts. A libvirt call that steers a
+        # migration made during its setup phase waits for the whole job to end (seen in the lab:
+        # a deadlock, as only this monitor would end it); so nothing is steered until the job
+        # reports data, and this one setting is made while there is no job at all.
+        watch, actions = pol.start(self.policy, time.monotonic())
+        for action in actions:
+            self._apply(action)
         started_at, t0 = time.time(), time.monotonic()
-        error = self._call_and_monitor(params, flags)
+        error = self._call_and_monitor(params, flags, watch)
         attempts = 0
         while error is not None and self.postcopy_started and attempts < POSTCOPY_RECOVERY_ATTEMPTS:
             # The link broke during post-copy: the VM's memory is split between the hosts, so the
@@ -218,7 +225,8 @@ class _Migration:
             attempts += 1
             self._event(f"post-copy interrupted ({error.get_error_message()}); recovery attempt {attempts}")
             time.sleep(min(2 ** attempts, 10))
-            error = self._call_and_monitor(params, flags | libvirt.VIR_MIGRATE_POSTCOPY_RESUME)
+            error = self._call_and_monitor(params, flags | libvirt.VIR_MIGRATE_POSTCOPY_RESUME,
+                                           pol.Watch(started=time.monotonic(), postcopy=True))
         wall_ms = int((time.monotonic() - t0) * 1000)
 
         if error is not None:
@@ -238,7 +246,8 @@ class _Migration:
             events=tuple(self.events),
         )
 
-    def _call_and_monitor(self, params: dict, flags: int) -> libvirt.libvirtError | None:
+    def _call_and_monitor(self, params: dict, flags: int, watch: pol.Watch
+                          ) -> libvirt.libvirtError | None:
         outcome: dict = {}
 
         def call() -> None:
@@ -249,7 +258,6 @@ class _Migration:
 
         worker = threading.Thread(target=call, name=f"migrate-{self.guest.name}", daemon=True)
         worker.start()
-        watch = None
         while worker.is_alive():
             worker.join(self.poll_interval)
             if not worker.is_alive():
@@ -260,11 +268,7 @@ class _Migration:
             self.last_stats = stats
             now = time.monotonic()
             actions = []
-            if watch is None:
-                watch, actions = pol.start(self.policy, now)
-                if self.postcopy_started:  # a recovery attempt: nothing left to steer
-                    watch, actions = pol.Watch(started=now, postcopy=True), []
-            elif stats.get("data_total"):
+            if stats.get("data_total"):  # past setup: see run()
                 watch, actions = pol.decide(self.policy, watch, stats.get("data_remaining", 0),
                                             stats.get("memory_iteration", 0), now)
             event = "; ".join(filter(None, (self._apply(a) for a in actions))) or None
