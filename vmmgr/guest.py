@@ -111,10 +111,6 @@ class Guest:
         with translated(f"job of {self.name}"):
             return self._dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE
 
-    def suspend(self) -> None:
-        with translated(f"pause {self.name}"):
-            self._dom.suspend()
-
     def resume(self) -> None:
         with translated(f"resume {self.name}"):
             self._dom.resume()

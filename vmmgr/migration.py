@@ -11,7 +11,7 @@ segment (see `console`).
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import libvirt
 
@@ -275,11 +275,11 @@ class _Migration:
             if self.on_progress:
                 progress = JobProgress.from_stats(
                     stats, watch.downtime_ms, phase="postcopy" if self.postcopy_started else "precopy",
-                    warning=pol.warning(stats.get("memory_dirty_rate", 0) * stats.get("memory_page_size", 4096),
-                                        stats.get("memory_bps", 0), self.policy.auto_converge),
                     event=event,
                 )
-                self.on_progress(progress)
+                warning = pol.warning(progress.dirty_rate_bps, progress.speed_bps,
+                                      self.policy.auto_converge)
+                self.on_progress(replace(progress, warning=warning))
         return outcome.get("error")
 
     def _apply(self, action) -> str | None:
