@@ -51,6 +51,7 @@ LIBVIRT_DIRS = {  # per-host folder -> the path libvirtd sees
 }
 EMULATOR = "/usr/bin/qemu-system-x86_64"
 CAPS = "qemu/capabilities"  # libvirtd's probe of QEMU, 15-25 s on first start: shared between hosts
+FIRST_START_TIMEOUT = 30  # a start takes about 1 s; the first probe of QEMU up to 25 s
 READY_TIMEOUT = 90
 
 
@@ -263,13 +264,43 @@ class Lab:
             )
 
     def _wait_ready(self, h: LabHost) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT
+        """Wait for the host's libvirtd to answer; restart the host once if it does not.
+
+        Rarely (seen once in about a dozen runs, after the daemon was killed and the host was
+        rebuilt) a fresh
+        libvirtd neither answered nor wrote an error: a second start is cheaper than a failed run,
+        and a second failure reports everything known about both attempts.
+        """
+        if self._answers_within(h, FIRST_START_TIMEOUT):
+            return
+        first = self._diagnosis(h)
+        self.log(f"{h.name}: libvirtd not answering after {FIRST_START_TIMEOUT} s; starting it again")
+        self._remove_host(h)
+        self._start_host(h)
+        if not self._answers_within(h, READY_TIMEOUT):
+            raise VmmgrError(f"libvirtd on {h.name} did not come up, twice. First: {first}. "
+                             f"Second: {self._diagnosis(h)}")
+
+    def _answers_within(self, h: LabHost, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if self._count_vms(h) is not None:
-                return
+                return True
             time.sleep(0.3)
-        stderr = (self._host_dir(h) / "libvirtd.stderr").read_text(errors="replace")[-800:]
-        raise VmmgrError(f"libvirtd on {h.name} did not come up in {READY_TIMEOUT} s: {stderr}")
+        return False
+
+    def _diagnosis(self, h: LabHost) -> str:
+        d = self._host_dir(h)
+
+        def tail(path: Path) -> str:
+            try:
+                return path.read_text(errors="replace")[-600:].strip() or "(empty)"
+            except FileNotFoundError:
+                return "(missing)"
+
+        pid = self._libvirtd_pid(h)
+        return (f"libvirtd pid {pid or 'not running'}; stderr: {tail(d / 'libvirtd.stderr')}; "
+                f"libvirtd.log: {tail(d / 'log' / 'libvirtd.log')}")
 
     def _caps_cache(self) -> Path:
         return self.root / "qemu-capabilities"
