@@ -267,9 +267,8 @@ class Lab:
         """Wait for the host's libvirtd to answer; restart the host once if it does not.
 
         Rarely (seen once in about a dozen runs, after the daemon was killed and the host was
-        rebuilt) a fresh
-        libvirtd neither answered nor wrote an error: a second start is cheaper than a failed run,
-        and a second failure reports everything known about both attempts.
+        rebuilt) a fresh libvirtd neither answered nor wrote an error: a second start is cheaper
+        than a failed run, and a second failure reports everything known about both attempts.
         """
         if self._answers_within(h, FIRST_START_TIMEOUT):
             return
