@@ -31,8 +31,13 @@ class DemoReport:
     reference_lines: list[str] = field(default_factory=list)
 
 
+Mover = Callable[[str, str], MigrationResult]  # (vm, target) -> the hop's result
+
+
 def run(paths: Paths, hosts: int = 3, keep_lab: bool = False, echo: Callable = print,
-        on_progress: Callable | None = None) -> DemoReport:
+        on_progress: Callable | None = None, mover: Mover | None = None) -> DemoReport:
+    """`mover` makes each hop (the CLI passes one that goes through the task API); by default
+    the hop runs here."""
     lab = Lab(paths, log=lambda m: echo(f"  {m}"))
     started_lab = not lab.running_hosts()
     echo(f"== lab: {hosts} hosts")
@@ -41,7 +46,8 @@ def run(paths: Paths, hosts: int = 3, keep_lab: bool = False, echo: Callable = p
     ring = [r.name for r in records[:hosts]]
     try:
         with Fleet(paths) as fleet:
-            return _run(fleet, paths, ring, echo, on_progress)
+            move = mover or (lambda vm, target: _migrate_here(fleet, vm, target, on_progress))
+            return _run(fleet, paths, ring, echo, move)
     finally:
         with Fleet(paths) as fleet:
             for name in (MOVED, REFERENCE):
@@ -52,7 +58,15 @@ def run(paths: Paths, hosts: int = 3, keep_lab: bool = False, echo: Callable = p
             lab.down()
 
 
-def _run(fleet: Fleet, paths: Paths, ring: list[str], echo, on_progress) -> DemoReport:
+def _migrate_here(fleet: Fleet, vm: str, target: str, on_progress) -> MigrationResult:
+    try:
+        return migrate(fleet, vm, target, on_progress=on_progress)
+    finally:
+        if on_progress:
+            on_progress(None)
+
+
+def _run(fleet: Fleet, paths: Paths, ring: list[str], echo, move: Mover) -> DemoReport:
     image = ensure_builtin(paths.images)
     line = workloads.cmdline("counter", {"interval": str(INTERVAL), "count": str(TICKS)})
     for name in (MOVED, REFERENCE):
@@ -68,9 +82,7 @@ def _run(fleet: Fleet, paths: Paths, ring: list[str], echo, on_progress) -> Demo
     report = DemoReport()
     for target in ring[1:] + ring[:1]:
         echo(f"== migrate {MOVED} -> {target}")
-        result = migrate(fleet, MOVED, target, on_progress=on_progress)
-        if on_progress:
-            on_progress(None)
+        result = move(MOVED, target)
         echo(f"   total {result.total_ms} ms, blackout {result.downtime_ms} ms")
         report.hops.append(result)
         time.sleep(1)

@@ -86,11 +86,16 @@ class Fleet:
         During a migration the VM exists on both hosts; the active side that is not paused for
         an incoming migration wins, which is the source until the switch-over.
         """
-        found = self.find_all(vm)
-        if not found:
-            return None
-        found.sort(key=lambda g: (g.state() != "running", not g.is_persistent()))
-        return found[0]
+        for _ in range(3):
+            found = self.find_all(vm)
+            if not found:
+                return None
+            try:
+                found.sort(key=lambda g: (g.state() != "running", not g.is_persistent()))
+            except NotFound:
+                continue  # one copy vanished as a migration ended: look again
+            return found[0]
+        raise Conflict(f"VM {vm!r} keeps changing hosts: try again")
 
     def locate(self, vm: str) -> Guest:
         guest = self.find(vm)

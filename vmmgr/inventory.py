@@ -48,10 +48,15 @@ class Inventory:
         validate_name(record.name, "host")
         if record.accel not in ("kvm", "tcg"):
             raise InvalidRequest(f"accel must be 'kvm' or 'tcg', not {record.accel!r}")
-        records = [r for r in self.records() if r.name != record.name]
-        if not replace and len(records) != len(self.records()):
-            raise Conflict(f"host {record.name!r} already exists")
-        self._write(records + [record])
+        records = self.records()
+        names = [r.name for r in records]
+        if record.name in names:
+            if not replace:
+                raise Conflict(f"host {record.name!r} already exists")
+            records[names.index(record.name)] = record  # in place: listings keep their order
+        else:
+            records.append(record)
+        self._write(records)
 
     def set_state(self, name: str, state: str) -> None:
         if state not in HOST_STATES:

@@ -30,6 +30,7 @@ from .errors import VmmgrError
 from .images import BuiltinImage, ensure_builtin
 from . import libvirt_errors  # noqa: F401  (keeps libvirt from printing errors we handle)
 from .inventory import HostRecord, Inventory
+from .lab_services import Services
 from .paths import Paths
 from .workloads import BASE_CMDLINE
 
@@ -132,6 +133,10 @@ class Lab:
             for r in records:
                 inventory.add(r, replace=True)
             self._write_state({"accel": accel})
+            services = self.services()
+            services.start_redis()
+            services.start_workers({h.name: h.namespace for h in self.running_hosts()})
+            services.start_beat()
             return records
 
     def down(self) -> list[str]:
@@ -145,6 +150,7 @@ class Lab:
             for link in _links():
                 _run(["ip", "link", "delete", link], check=False)
                 removed.append(link)
+            self.services().stop()  # after the namespaces, whose workers may still use Redis
             shutil.rmtree(self.root / "hosts", ignore_errors=True)
             inventory = Inventory(self.paths.inventory)
             inventory.remove({r.name for r in inventory.records() if r.lab})
@@ -164,6 +170,9 @@ class Lab:
                 HostStatus(h.name, h.ip, h.namespace in present, pid, vms is not None, vms or 0)
             )
         return result
+
+    def services(self) -> Services:
+        return Services(self.paths, BRIDGE_CIDR.split("/")[0], self.log)
 
     def accel(self) -> str | None:
         return self._read_state().get("accel")

@@ -43,6 +43,21 @@ class Paths:
     def lab(self) -> Path:
         return self.home / "lab"
 
+    @property
+    def redis_url_file(self) -> Path:
+        """Where `lab up` (or an operator) writes the Redis URL when $VMMGR_REDIS_URL is unset."""
+        return self.home / "redis.url"
+
+    def redis_url(self) -> str | None:
+        """The task broker and fleet-state store, or None if none is configured."""
+        url = os.environ.get("VMMGR_REDIS_URL")
+        if url:
+            return url
+        try:
+            return self.redis_url_file.read_text().strip() or None
+        except OSError:
+            return None
+
 
 def default_paths() -> Paths:
     return Paths(Path(os.environ.get("VMMGR_HOME", "/var/lib/vmmgr")))

@@ -7,19 +7,22 @@ no new VMs from the start and ends `reclaimed` (empty, out of service) until `en
 `resume_parked` brings suspended VMs back, oldest first, wherever there is room: it runs when a host
 is enabled and on every reconcile.
 
-The plan is a pure function over capacities; the executor here only carries it out.
+The plan is a pure function over capacities; the executor here only carries it out. It reports
+in two ways: `on_event` gets one line per step for people, `on_record` gets each step's outcome as
+data (kind, VM, details) for whoever keeps the fleet's state.
 """
 
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from . import suspend
-from .errors import Conflict, VmmgrError
+from .errors import VmmgrError
 from .fleet import Fleet
-from .host import Capacity
+from .guest import Guest
+from .host import Capacity, Host
 from .migration import migrate
 from .placement import choose_host
 
@@ -68,9 +71,16 @@ class EvacuationReport:
     seconds: float
 
 
+Record = Callable[[str, str, dict], None]  # (kind, vm, details)
+
+
+def _ignore(*_) -> None:
+    return None
+
+
 def evacuate(fleet: Fleet, host: str, deadline: bool, per_target: int = 2, parallel: int = 3,
-             wait_timeout: float = 600, on_event: Callable[[str], None] = lambda m: None
-             ) -> EvacuationReport:
+             wait_timeout: float = 600, on_event: Callable[[str], None] = _ignore,
+             on_record: Record = _ignore) -> EvacuationReport:
     """Empty `host`: reclaim (deadline=True) or drain (deadline=False)."""
     fleet.host(host)  # NotFound for an unknown host
     fleet.inventory.set_state(host, "draining")
@@ -79,12 +89,15 @@ def evacuate(fleet: Fleet, host: str, deadline: bool, per_target: int = 2, paral
     report = EvacuationReport(host, [], [], {}, 0.0)
     while True:
         source = fleet.host(host)
+        # A job already running here (a migration or save an earlier, dead run started) ends
+        # first: libvirt finishes it without its caller, and the plan must see where VMs ended up.
+        _wait_for_jobs(source, on_event, timeout=wait_timeout)
         vms = [VMSize(g.name, g.memory_mib(), g.vcpus()) for g in source.guests()
                if g.is_persistent()]
         if not vms:
             break
         steps = plan_evacuation(vms, fleet.active_capacities(exclude=host), deadline)
-        _carry_out(fleet, steps, report, per_target, parallel, deadline, on_event)
+        _carry_out(fleet, steps, report, per_target, parallel, deadline, on_event, on_record)
         if deadline or time.monotonic() - t0 > wait_timeout:
             break
         if all(s.action == "wait" for s in steps):
@@ -97,13 +110,32 @@ def evacuate(fleet: Fleet, host: str, deadline: bool, per_target: int = 2, paral
     return report
 
 
-def _carry_out(fleet, steps, report, per_target, parallel, deadline, on_event) -> None:
+def _wait_for_jobs(source: Host, on_event, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy = [g.name for g in _guests_or_none(source) if g.has_job()]
+        if not busy:
+            return
+        on_event(f"waiting for the jobs already running on {', '.join(busy)}")
+        time.sleep(1)
+
+
+def _guests_or_none(host: Host) -> list[Guest]:
+    try:
+        return host.guests()
+    except VmmgrError:
+        return []
+
+
+def _carry_out(fleet, steps, report, per_target, parallel, deadline, on_event, on_record) -> None:
     slots = {s.target: threading.Semaphore(per_target) for s in steps if s.target}
 
     def park(vm: str, why: str) -> None:
         on_event(f"{vm}: suspending, {why}")
-        suspend.suspend(fleet, vm)
+        on_record("suspending", vm, {"reason": why})
+        record = suspend.suspend(fleet, vm, parked=True)
         report.suspended.append(vm)
+        on_record("suspended", vm, asdict(record))
         on_event(f"{vm}: suspended to disk, parked")
 
     def run(step: Step) -> None:
@@ -111,15 +143,21 @@ def _carry_out(fleet, steps, report, per_target, parallel, deadline, on_event) -
             if step.action == "migrate":
                 with slots[step.target]:
                     on_event(f"{step.vm}: migrating to {step.target}")
+                    on_record("migrating", step.vm, {"target": step.target})
+                    started = time.time()
                     try:
                         r = migrate(fleet, step.vm, step.target)
                     except VmmgrError as err:
+                        on_record("migration_failed", step.vm, {
+                            "source": report.host, "target": step.target, "error": str(err),
+                            "started_at": started, "ended_at": time.time()})
                         if not deadline:
                             raise
                         # The host must be emptied: a VM that could not move is parked, not lost.
                         park(step.vm, f"migration failed ({err})")
                         return
                     report.migrated.append(step.vm)
+                    on_record("migrated", step.vm, r.as_dict() | {"ended_at": time.time()})
                     on_event(f"{step.vm}: on {step.target} (blackout {r.downtime_ms} ms)")
             elif step.action == "suspend":
                 park(step.vm, step.reason)
@@ -131,23 +169,30 @@ def _carry_out(fleet, steps, report, per_target, parallel, deadline, on_event) -
         list(pool.map(run, [s for s in steps if s.action != "wait"]))
 
 
-def enable(fleet: Fleet, host: str, on_event: Callable[[str], None] = lambda m: None) -> list:
+def enable(fleet: Fleet, host: str, on_event: Callable[[str], None] = _ignore,
+           on_record: Record = _ignore) -> list:
     fleet.host(host)
     fleet.inventory.set_state(host, "active")
     on_event(f"{host}: active")
-    return resume_parked(fleet, on_event)
+    return resume_parked(fleet, on_event, on_record)
 
 
-def resume_parked(fleet: Fleet, on_event: Callable[[str], None] = lambda m: None) -> list:
-    """Resume suspended VMs, oldest first, on active hosts with room; the rest stay parked."""
+def resume_parked(fleet: Fleet, on_event: Callable[[str], None] = _ignore,
+                  on_record: Record = _ignore) -> list:
+    """Resume parked VMs, oldest first, on active hosts with room; the rest stay parked."""
     resumed = []
     for record in suspend.suspended(fleet):
+        if not record.parked:
+            continue  # the operator suspended it: it waits for the operator
         target, _ = choose_host(fleet.active_capacities(), record.memory_mib, record.vcpus)
         if target is None:
             continue
         try:
+            on_record("resuming", record.vm, {"target": target})
             resumed.append(suspend.resume(fleet, record.vm, target))
+            on_record("resumed", record.vm, asdict(resumed[-1]))
             on_event(f"{record.vm}: resumed on {target}")
-        except Conflict as err:  # raced with another operation: next reconcile retries
-            on_event(f"{record.vm}: {err}")
+        except VmmgrError as err:  # e.g. raced with another operation: the image stays, parked
+            on_record("resume_failed", record.vm, {"target": target, "error": str(err)})
+            on_event(f"{record.vm}: not resumed: {err}")
     return resumed

@@ -35,6 +35,9 @@ class Suspended:
     suspended_at: float
     save_ms: int
     image_bytes: int
+    # Parked: suspended by vmmgr for want of room, resumed by itself when room returns. An
+    # operator's own suspend is not parked: it waits for the operator's resume.
+    parked: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ def find_suspended(fleet: Fleet, vm: str) -> Suspended | None:
     return _record(d) if (d / "record.json").is_file() else None
 
 
-def suspend(fleet: Fleet, vm: str) -> Suspended:
+def suspend(fleet: Fleet, vm: str, parked: bool = False) -> Suspended:
     validate_name(vm)
     with vm_operation(fleet.paths.locks, vm, "suspend"):
         if find_suspended(fleet, vm):
@@ -87,7 +90,8 @@ def suspend(fleet: Fleet, vm: str) -> Suspended:
                 raise
         os.replace(partial, d / "image")
         record = Suspended(vm, guest.host_name, guest.memory_mib(), guest.vcpus(), time.time(),
-                           int((time.monotonic() - t0) * 1000), (d / "image").stat().st_size)
+                           int((time.monotonic() - t0) * 1000), (d / "image").stat().st_size,
+                           parked)
         _write_json(d / "record.json", asdict(record))
         guest.undefine()  # the image is complete: the VM now lives on storage only
         return record

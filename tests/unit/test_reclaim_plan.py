@@ -42,19 +42,30 @@ def test_never_overcommits_across_the_plan():
 def test_under_a_deadline_a_failed_move_is_parked_not_left_behind(mocker):
     from vmmgr import reclaim
     from vmmgr.errors import MigrationFailed
+    from vmmgr.suspend import Suspended
 
     mocker.patch.object(reclaim, "migrate", side_effect=MigrationFailed("link down"))
-    parked = mocker.patch.object(reclaim.suspend, "suspend")
+    parked = mocker.patch.object(
+        reclaim.suspend, "suspend",
+        side_effect=lambda fleet, vm, parked: Suspended(vm, "h1", 128, 1, 0.0, 1, 1, parked))
     steps = [Step("a", "migrate", "h2", ""), Step("b", "suspend", None, "no room")]
 
     report = reclaim.EvacuationReport("h1", [], [], {}, 0.0)
-    reclaim._carry_out(object(), steps, report, 2, 2, True, lambda m: None)
+    records = []
+    reclaim._carry_out(object(), steps, report, 2, 2, True, lambda m: None,
+                       lambda kind, vm, details: records.append((kind, vm, details)))
     assert sorted(report.suspended) == ["a", "b"] and report.failed == {}
     assert sorted(c.args[1] for c in parked.call_args_list) == ["a", "b"]
+    # Each outcome is reported as data too: the failed attempt, then the parking.
+    kinds = {(kind, vm) for kind, vm, _ in records}
+    assert {("migrating", "a"), ("migration_failed", "a"), ("suspended", "a"),
+            ("suspended", "b")} <= kinds
+    assert all(d["parked"] for kind, _, d in records if kind == "suspended")
 
     # Without a deadline (drain) nothing is suspended: the failure is reported, the VM stays.
     parked.reset_mock()
     report = reclaim.EvacuationReport("h1", [], [], {}, 0.0)
-    reclaim._carry_out(object(), steps[:1], report, 2, 2, False, lambda m: None)
+    reclaim._carry_out(object(), steps[:1], report, 2, 2, False, lambda m: None,
+                       lambda *record: None)
     assert report.suspended == [] and report.failed == {"a": "link down"}
     parked.assert_not_called()

@@ -2,10 +2,13 @@
 
 import click
 
-from .. import demo as demo_mod
+from .. import admission, demo as demo_mod
 from ..errors import VmmgrError
+from ..fleet import Fleet
+from ..migration import MigrationResult, migrate
 from ..paths import Paths
 from .base import progress_printer, cli
+from .dispatch import run_operation
 
 @cli.command()
 @click.option("--hosts", default=3, show_default=True, type=click.IntRange(2, 9))
@@ -13,7 +16,26 @@ from .base import progress_printer, cli
 @click.pass_obj
 def demo(paths: Paths, hosts: int, keep_lab: bool) -> None:
     """Boot a counter VM, move it around the lab while it counts, compare with one that stayed."""
+    def through_task_api(vm: str, target: str) -> MigrationResult:
+        # `lab up` (inside the demo) has started Redis and the workers by the time this runs.
+        with Fleet(paths) as fleet:
+            source = admission.migration(fleet, vm, target)
+        r = run_operation(paths, "migrate", {"vm": vm, "target": target}, host=source,
+                          lock=("vm", vm, f"migration of {vm} to {target}"), wait=True,
+                          local=lambda: _migrate_here(paths, vm, target), progress=True,
+                          events=False)
+        return MigrationResult(**r)
+
     report = demo_mod.run(paths, hosts=hosts, keep_lab=keep_lab, echo=click.echo,
-                          on_progress=progress_printer(enabled=True))
+                          on_progress=progress_printer(enabled=True), mover=through_task_api)
     if not report.identical:
         raise VmmgrError("the moved VM's output differs from the reference run")
+
+
+def _migrate_here(paths: Paths, vm: str, target: str) -> dict:
+    show = progress_printer(enabled=True)
+    with Fleet(paths) as fleet:
+        try:
+            return migrate(fleet, vm, target, on_progress=show).as_dict()
+        finally:
+            show(None)

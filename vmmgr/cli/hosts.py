@@ -4,11 +4,14 @@ from dataclasses import asdict
 
 import click
 
-from .. import display, reclaim, suspend as suspension
-from ..errors import VmmgrError
+from .. import admission, display, reclaim, suspend as suspension
+from ..errors import Conflict, VmmgrError
 from ..fleet import Fleet
+from ..inventory import HostRecord, Inventory
 from ..paths import Paths
+from ..spec import validate_name
 from .base import emit_json, log_line, cli
+from .dispatch import run_operation, wait_option
 
 @cli.group()
 def host() -> None:
@@ -42,53 +45,122 @@ def host_list(paths: Paths, as_json: bool) -> None:
           ",".join(r.get("vms", ())) or "-"] for r in rows]))
 
 
+@host.command("add")
+@click.argument("name")
+@click.option("--uri", required=True, help="libvirt URI, e.g. qemu+tls://host4.example/system.")
+@click.option("--accel", type=click.Choice(["kvm", "tcg"]), default="kvm", show_default=True)
+@click.option("--memory", default=0, help="MiB vmmgr may hand out (default: all the host has).")
+@click.option("--vcpus", default=0, help="vCPUs vmmgr may hand out (default: its CPU count).")
+@wait_option
+@click.pass_obj
+def host_add(paths: Paths, name: str, uri: str, accel: str, memory: int, vcpus: int,
+             wait: bool) -> None:
+    """Add a host; it must answer first. Parked VMs resume on it if they fit."""
+    record = HostRecord(name, uri, accel, memory, vcpus)
+    validate_name(name, "host")
+    if name in {r.name for r in Inventory(paths.inventory).records()}:
+        raise Conflict(f"host {name!r} already exists")
+
+    def local() -> dict:
+        with Fleet(paths) as fleet:
+            fleet.inventory.add(record)
+            try:
+                fleet.host(name).capacity()
+            except VmmgrError:
+                fleet.inventory.remove({name})
+                raise
+            resumed = reclaim.resume_parked(fleet, on_event=log_line)
+        return asdict(record) | {"resumed": [r.vm for r in resumed]}
+
+    r = run_operation(paths, "add_host", {"record": asdict(record)}, host=None,
+                      lock=("host", name, f"add of {name}"), wait=wait, local=local)
+    if r:
+        click.echo(f"{name} added; {len(r['resumed'])} parked VMs resumed")
+
+
 @host.command("reclaim")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True)
+@wait_option
 @click.pass_obj
-def host_reclaim(paths: Paths, name: str, as_json: bool) -> None:
+def host_reclaim(paths: Paths, name: str, as_json: bool, wait: bool) -> None:
     """Empty a host now: live-migrate what fits elsewhere, suspend the rest to disk."""
-    _evacuate(paths, name, deadline=True, as_json=as_json)
+    _evacuate(paths, name, deadline=True, as_json=as_json, wait=wait)
 
 
 @host.command("drain")
 @click.argument("name")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for room.")
 @click.option("--json", "as_json", is_flag=True)
+@wait_option
 @click.pass_obj
-def host_drain(paths: Paths, name: str, timeout: float, as_json: bool) -> None:
+def host_drain(paths: Paths, name: str, timeout: float, as_json: bool, wait: bool) -> None:
     """Empty a host by live migration only, waiting for room where there is none yet."""
-    _evacuate(paths, name, deadline=False, as_json=as_json, wait_timeout=timeout)
+    _evacuate(paths, name, deadline=False, as_json=as_json, wait=wait, wait_timeout=timeout)
 
 
-def _evacuate(paths: Paths, name: str, deadline: bool, as_json: bool, **kw) -> None:
+def _evacuate(paths: Paths, name: str, deadline: bool, as_json: bool, wait: bool, **kw) -> None:
     with Fleet(paths) as fleet:
-        report = reclaim.evacuate(fleet, name, deadline,
-                                  on_event=(lambda m: None) if as_json else log_line, **kw)
+        admission.known_host(fleet, name)
+
+        def local() -> dict:
+            return asdict(reclaim.evacuate(fleet, name, deadline,
+                                           on_event=(lambda m: None) if as_json else log_line,
+                                           **kw))
+
+        verb = "reclaim" if deadline else "drain"
+        kwargs = {"host": name} | ({} if deadline else {"timeout": kw["wait_timeout"]})
+        report = run_operation(paths, f"{verb}_host", kwargs, host=None,
+                               lock=("host", name, f"{verb} of {name}"), wait=wait,
+                               local=local, events=not as_json)
+    if report is None:
+        return
     if as_json:
-        return emit_json(asdict(report))
-    click.echo(f"{name}: {len(report.migrated)} migrated, {len(report.suspended)} suspended, "
-               f"{len(report.failed)} failed in {report.seconds} s")
-    if report.failed:
-        raise VmmgrError(f"{len(report.failed)} VMs could not be moved: "
-                         + "; ".join(f"{vm}: {e}" for vm, e in report.failed.items()))
+        return emit_json(report)
+    click.echo(f"{name}: {len(report['migrated'])} migrated, {len(report['suspended'])} "
+               f"suspended, {len(report['failed'])} failed in {report['seconds']} s")
+    if report["failed"]:
+        raise VmmgrError(f"{len(report['failed'])} VMs could not be moved: "
+                         + "; ".join(f"{vm}: {e}" for vm, e in report["failed"].items()))
 
 
 @host.command("enable")
 @click.argument("name")
+@wait_option
 @click.pass_obj
-def host_enable(paths: Paths, name: str) -> None:
+def host_enable(paths: Paths, name: str, wait: bool) -> None:
     """Put a host back in service; parked VMs resume on it (or anywhere with room)."""
     with Fleet(paths) as fleet:
-        resumed = reclaim.enable(fleet, name, on_event=log_line)
-    click.echo(f"{name} active; {len(resumed)} parked VMs resumed")
+        admission.known_host(fleet, name)
+
+        def local() -> dict:
+            resumed = reclaim.enable(fleet, name, on_event=log_line)
+            return {"host": name, "resumed": [asdict(r) for r in resumed]}
+
+        r = run_operation(paths, "enable_host", {"host": name}, host=None,
+                          lock=("host", name, f"enable of {name}"), wait=wait, local=local)
+    if r:
+        click.echo(f"{name} active; {len(r['resumed'])} parked VMs resumed")
 
 
 @cli.command()
+@wait_option
 @click.pass_obj
-def reconcile(paths: Paths) -> None:
-    """Resume parked (suspended) VMs, oldest first, wherever there is room."""
+def reconcile(paths: Paths, wait: bool) -> None:
+    """Resume parked (suspended) VMs, oldest first, wherever there is room; with the task API,
+    also repair fleet records that drifted from libvirt."""
+    def local() -> dict:
+        with Fleet(paths) as fleet:
+            resumed = reclaim.resume_parked(fleet, on_event=log_line)
+        return {"resumed": [r.vm for r in resumed], "repaired": []}
+
+    r = run_operation(paths, "reconcile", {}, host=None, lock=None, wait=wait, local=local)
+    if r is None:
+        return
+    if "skipped" in r:
+        click.echo(f"reconcile skipped: {r['skipped']}")
+        return
     with Fleet(paths) as fleet:
-        resumed = reclaim.resume_parked(fleet, on_event=log_line)
         left = len(suspension.suspended(fleet))
-    click.echo(f"{len(resumed)} parked VMs resumed, {left} still parked")
+    click.echo(f"{len(r['resumed'])} parked VMs resumed, {left} still parked, "
+               f"{len(r['repaired'])} records repaired")

@@ -4,12 +4,13 @@ from dataclasses import asdict
 
 import click
 
-from .. import display
+from .. import admission, display
 from ..fleet import Fleet
 from ..migration import cancel as cancel_migration, migrate as run_migration
 from ..paths import Paths
 from ..policy import DEFAULT_POLICY, POLICIES, get_policy
 from .base import emit_json, progress_printer, cli
+from .dispatch import run_operation, wait_option
 
 class _StartByDefault(click.Group):
     """`vmmgr migrate NAME --to HOST` means `vmmgr migrate start NAME --to HOST`."""
@@ -31,33 +32,54 @@ def migrate() -> None:
 @click.option("--policy", "policy_name", help=f"Migration policy (default {DEFAULT_POLICY}).")
 @click.option("--bandwidth", type=int, help="Cap in MiB/s (default: unlimited).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result record as JSON.")
+@wait_option
 @click.pass_obj
 def migrate_start(paths: Paths, name: str, target: str, policy_name: str | None,
-                  bandwidth: int | None, as_json: bool) -> None:
+                  bandwidth: int | None, as_json: bool, wait: bool) -> None:
     """Live-migrate a VM to another host, with a progress bar."""
-    policy = get_policy(policy_name, bandwidth)
-    show = progress_printer(enabled=not as_json)
+    policy = get_policy(policy_name, bandwidth)  # InvalidRequest for an unknown policy
     with Fleet(paths) as fleet:
-        try:
-            result = run_migration(fleet, name, target, policy=policy, on_progress=show)
-        finally:
-            show(None)
+        source = admission.migration(fleet, name, target)
+
+        def local() -> dict:
+            show = progress_printer(enabled=not as_json)
+            try:
+                return run_migration(fleet, name, target, policy=policy,
+                                     on_progress=show).as_dict()
+            finally:
+                show(None)
+
+        r = run_operation(paths, "migrate", {"vm": name, "target": target, "policy": policy_name,
+                                             "bandwidth": bandwidth},
+                          host=source, lock=("vm", name, f"migration of {name} to {target}"),
+                          wait=wait, local=local, progress=not as_json, events=not as_json)
+    if r is None:
+        return
     if as_json:
-        return emit_json(result.as_dict())
-    click.echo(f"{name}: {result.source} -> {result.target}  total {result.total_ms} ms  "
-               f"blackout {'n/a' if result.downtime_ms is None else f'{result.downtime_ms} ms'}  sent {result.bytes_transferred / display.MiB:.1f} MiB"
-               f"  iterations {result.memory_iterations}"
-               + ("  (post-copy)" if result.postcopy else ""))
+        return emit_json(r)
+    if r.get("already_done"):
+        click.echo(f"{name}: already on {target}")
+        return
+    blackout = "n/a" if r["downtime_ms"] is None else f"{r['downtime_ms']} ms"
+    click.echo(f"{name}: {r['source']} -> {r['target']}  total {r['total_ms']} ms  "
+               f"blackout {blackout}  sent {r['bytes_transferred'] / display.MiB:.1f} MiB"
+               f"  iterations {r['memory_iterations']}"
+               + ("  (post-copy)" if r["postcopy"] else ""))
 
 
 @migrate.command("cancel")
 @click.argument("name")
+@wait_option
 @click.pass_obj
-def migrate_cancel(paths: Paths, name: str) -> None:
+def migrate_cancel(paths: Paths, name: str, wait: bool) -> None:
     """Abort a VM's running migration; it keeps running where it was."""
     with Fleet(paths) as fleet:
-        source = cancel_migration(fleet, name)
-    click.echo(f"cancelled the migration of {name}; it keeps running on {source}")
+        where = admission.running_vm(fleet, name)
+        # No lock: the migration being cancelled holds it.
+        r = run_operation(paths, "cancel", {"vm": name}, host=where, lock=None, wait=wait,
+                          local=lambda: {"vm": name, "host": cancel_migration(fleet, name)})
+    if r:
+        click.echo(f"cancelled the migration of {name}; it keeps running on {r['host']}")
 
 
 @migrate.command("policies")

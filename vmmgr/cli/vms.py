@@ -1,18 +1,21 @@
 """`vmmgr vm ...`: create, inspect, suspend, resume and remove VMs."""
 
 import sys
+import time
 from dataclasses import asdict
 
 import click
 
-from .. import console, display, suspend as suspension, workloads
+from .. import admission, console, display, suspend as suspension, workloads
 from ..errors import InvalidRequest, VmmgrError
 from ..fleet import Fleet, VMInfo
 from ..images import ensure_builtin
 from ..paths import Paths
 from ..placement import choose_host
 from ..spec import make_spec
+from ..state import FleetState
 from .base import emit_json, log_line, cli
+from .dispatch import run_operation, wait_option
 
 @cli.group()
 def vm() -> None:
@@ -31,9 +34,10 @@ def vm() -> None:
               help="Kernel command line for --kernel.")
 @click.option("--memory", default=128, show_default=True, help="MiB.")
 @click.option("--vcpus", default=1, show_default=True)
+@wait_option
 @click.pass_obj
 def vm_create(paths: Paths, name, host_name, workload, params, kernel, initrd, cmdline,
-              memory, vcpus) -> None:
+              memory, vcpus, wait) -> None:
     """Define and start a VM."""
     if kernel and (workload or params):
         raise InvalidRequest("give either --kernel (with --initrd/--cmdline) or --workload")
@@ -48,13 +52,25 @@ def vm_create(paths: Paths, name, host_name, workload, params, kernel, initrd, c
                          initrd=image.initrd, cmdline=line, image_root=paths.images,
                          workload=workload)
     with Fleet(paths) as fleet:
-        if not host_name:
-            host_name, refused = choose_host(fleet.active_capacities(), spec.memory_mib, spec.vcpus)
-            if host_name is None:
-                why = "; ".join(f"{h}: {r}" for h, r in refused.items()) or "no hosts"
-                raise VmmgrError(f"no host has room for {name}: {why}")
-        guest = fleet.create(spec, host_name)
-        click.echo(f"{guest.name} running on {guest.host_name}")
+        admission.creation(fleet, spec, host_name)
+
+        def local() -> dict:
+            target = host_name
+            if not target:
+                target, refused = choose_host(fleet.active_capacities(), spec.memory_mib,
+                                              spec.vcpus)
+                if target is None:
+                    why = "; ".join(f"{h}: {r}" for h, r in refused.items()) or "no hosts"
+                    raise VmmgrError(f"no host has room for {name}: {why}")
+            return {"vm": name, "host": fleet.create(spec, target).host_name}
+
+        data = asdict(spec) | {"kernel": str(spec.kernel),
+                               "initrd": str(spec.initrd) if spec.initrd else None}
+        result = run_operation(paths, "create", {"spec": data, "host": host_name},
+                               host=host_name, lock=("vm", name, f"create {name}"), wait=wait,
+                               local=local)
+    if result:
+        click.echo(f"{result['vm']} running on {result['host']}")
 
 
 def _parse_params(params: tuple[str, ...]) -> dict[str, str]:
@@ -74,7 +90,8 @@ def vm_list(paths: Paths, as_json: bool) -> None:
     """Every VM on every host."""
     with Fleet(paths) as fleet:
         infos = fleet.vms()
-        infos += [VMInfo(r.vm, "-", "suspended", r.memory_mib, r.vcpus, "")
+        infos += [VMInfo(r.vm, "-", "parked" if r.parked else "suspended", r.memory_mib,
+                         r.vcpus, "")
                   for r in suspension.suspended(fleet)]
     if as_json:
         return emit_json([asdict(i) for i in infos])
@@ -89,18 +106,37 @@ def vm_list(paths: Paths, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def vm_show(paths: Paths, name: str, as_json: bool) -> None:
-    """One VM: where it runs, its size, and the hosts its console came from."""
+    """One VM: where it runs, its size, its console's hosts, its record and migration attempts."""
     with Fleet(paths) as fleet:
-        g = fleet.locate(name)
-        info = {
-            "name": g.name, "uuid": g.uuid, "host": g.host_name, "state": g.state(),
-            "memory_mib": g.memory_mib(), "vcpus": g.vcpus(), "workload": g.workload(),
-            "console_hosts": console.hosts_seen(paths.consoles, name),
-        }
+        parked = suspension.find_suspended(fleet, name)
+        if parked is not None:
+            info = {"name": name, "host": "-", "state": "parked" if parked.parked else "suspended",
+                    "memory_mib": parked.memory_mib, "vcpus": parked.vcpus,
+                    "suspended_from": parked.from_host}
+        else:
+            g = fleet.locate(name)
+            info = {"name": g.name, "uuid": g.uuid, "host": g.host_name, "state": g.state(),
+                    "memory_mib": g.memory_mib(), "vcpus": g.vcpus(), "workload": g.workload()}
+        info["console_hosts"] = console.hosts_seen(paths.consoles, name)
+    migrations = []
+    if paths.redis_url():
+        fleet_state = FleetState(paths.redis_url())
+        holder = fleet_state.holder("vm", name)
+        info["operation"] = holder.split(" ", 1)[1] if holder else "-"
+        migrations = fleet_state.migrations(name)
     if as_json:
-        return emit_json(info)
+        return emit_json(info | {"migrations": migrations})
     for key, value in info.items():
         click.echo(f"{key:14} {', '.join(value) if isinstance(value, list) else value}")
+    if migrations:
+        click.echo("migrations:")
+        click.echo(display.table(
+            ["started", "from", "to", "status", "blackout", "total / error"],
+            [[time.strftime("%H:%M:%S", time.localtime(m.get("started_at", 0))), m["source"],
+              m["target"], m["status"],
+              f"{m['downtime_ms']} ms" if m.get("downtime_ms") is not None else "-",
+              f"{m['total_ms']} ms" if m["status"] == "completed" else m.get("error", "")]
+             for m in migrations[-10:]]))
 
 
 @vm.command("console")
@@ -127,37 +163,56 @@ def vm_console(paths: Paths, name: str, follow: bool) -> None:
 @vm.command("suspend")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True)
+@wait_option
 @click.pass_obj
-def vm_suspend(paths: Paths, name: str, as_json: bool) -> None:
+def vm_suspend(paths: Paths, name: str, as_json: bool, wait: bool) -> None:
     """Save a running VM to shared storage and free its host; `resume` continues it anywhere."""
     with Fleet(paths) as fleet:
-        record = suspension.suspend(fleet, name)
+        where = admission.running_vm(fleet, name)
+        record = run_operation(paths, "suspend", {"vm": name}, host=where,
+                               lock=("vm", name, f"suspend of {name}"), wait=wait,
+                               events=not as_json,
+                               local=lambda: asdict(suspension.suspend(fleet, name)))
+    if record is None:
+        return
     if as_json:
-        return emit_json(asdict(record))
-    click.echo(f"{name} suspended from {record.from_host}: {record.image_bytes / display.MiB:.0f} MiB "
-               f"image in {record.save_ms} ms")
+        return emit_json(record)
+    click.echo(f"{name} suspended from {record['from_host']}: "
+               f"{record['image_bytes'] / display.MiB:.0f} MiB image in {record['save_ms']} ms")
 
 
 @vm.command("resume")
 @click.argument("name")
 @click.option("--host", "host_name", help="Where to resume it (default: the host with most room).")
 @click.option("--json", "as_json", is_flag=True)
+@wait_option
 @click.pass_obj
-def vm_resume(paths: Paths, name: str, host_name: str | None, as_json: bool) -> None:
+def vm_resume(paths: Paths, name: str, host_name: str | None, as_json: bool, wait: bool) -> None:
     """Restore a suspended VM, exactly where it stopped."""
     with Fleet(paths) as fleet:
-        result = suspension.resume(fleet, name, host_name)
+        admission.suspended_vm(fleet, name, host_name)
+        result = run_operation(paths, "resume", {"vm": name, "host": host_name}, host=host_name,
+                               lock=("vm", name, f"resume of {name}"), wait=wait,
+                               events=not as_json,
+                               local=lambda: asdict(suspension.resume(fleet, name, host_name)))
+    if result is None:
+        return
     if as_json:
-        return emit_json(asdict(result))
-    click.echo(f"{name} resumed on {result.host} in {result.restore_ms} ms "
-               f"(suspended for {result.suspended_for_s:.1f} s)")
+        return emit_json(result)
+    click.echo(f"{name} resumed on {result['host']} in {result['restore_ms']} ms "
+               f"(suspended for {result['suspended_for_s']:.1f} s)")
 
 
 @vm.command("destroy")
 @click.argument("name")
+@wait_option
 @click.pass_obj
-def vm_destroy(paths: Paths, name: str) -> None:
+def vm_destroy(paths: Paths, name: str, wait: bool) -> None:
     """Power a VM off and remove it (and its console log); a suspended VM loses its image."""
     with Fleet(paths) as fleet:
-        where = fleet.destroy(name)
-    click.echo(f"{name} destroyed on {where}")
+        admission.known_vm(fleet, name)
+        result = run_operation(paths, "destroy", {"vm": name}, host=None,
+                               lock=("vm", name, f"destroy of {name}"), wait=wait,
+                               local=lambda: {"vm": name, "host": fleet.destroy(name)})
+    if result:
+        click.echo(f"{name} destroyed on {result['host']}")

@@ -1,0 +1,70 @@
+"""Submitting operations and waiting for them: what the CLI and the web console call.
+
+`submit` refuses a conflicting request at once: it takes the VM's (or host's) lock in the new
+task's name before the task is queued, so "VM busy" is an answer, not a task that fails later.
+"""
+
+import time
+import uuid
+from collections.abc import Callable
+
+from celery.result import AsyncResult
+
+from vmmgr.errors import VmmgrError
+from vmmgr.migration import JobProgress
+from vmmgr.paths import Paths
+from vmmgr.state import FleetState
+
+from .app import app
+from .runtime import LockSpec
+
+QUEUED_LOCK_TTL = 600  # a queued task keeps its lock this long before a worker takes it up
+
+
+def submit(paths: Paths, op: str, kwargs: dict, queue: str, lock: LockSpec | None) -> str:
+    fleet_state = FleetState(paths.redis_url())
+    task_id = str(uuid.uuid4())
+    if lock:
+        fleet_state.acquire(lock.kind, lock.name, task_id, lock.what, QUEUED_LOCK_TTL)
+    try:
+        app.send_task(f"vmmgr.{op}", kwargs=kwargs, task_id=task_id, queue=queue)
+    except Exception:
+        if lock:
+            fleet_state.release(lock.kind, lock.name, task_id)
+        raise
+    fleet_state.add_task(task_id, op, kwargs, queue)
+    return task_id
+
+
+def wait(task_id: str, on_progress: Callable[[JobProgress | None], None] = lambda p: None,
+         on_event: Callable[[str], None] = lambda m: None, poll: float = 0.25) -> dict:
+    """Follow a task to its end, passing on its progress and events; its result, or its error
+    raised as the same `VmmgrError` the operation raised in the worker."""
+    result = AsyncResult(task_id, app=app)
+    seen, last = 0, None
+    try:
+        while True:
+            status, info = result.state, result.info
+            if status == "PROGRESS" and isinstance(info, dict):
+                seen = _pass_on(info, seen, on_event)
+                if info.get("progress") and info["progress"] != last:
+                    last = info["progress"]
+                    on_progress(JobProgress(**{k: v for k, v in last.items() if k != "fraction"}))
+            elif status in ("SUCCESS", "FAILURE"):
+                break
+            time.sleep(poll)
+    finally:
+        on_progress(None)
+    if status == "SUCCESS":
+        return info
+    if isinstance(info, VmmgrError):
+        raise info
+    raise VmmgrError(f"task {task_id} failed: {info!r}")
+
+
+def _pass_on(meta: dict, seen: int, on_event) -> int:
+    """Hand on the events not seen yet; returns how many have been seen."""
+    events, count = meta.get("events", []), meta.get("event_count", 0)
+    for message in events[max(0, len(events) - (count - seen)):]:
+        on_event(message)
+    return count

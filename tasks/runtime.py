@@ -1,0 +1,121 @@
+"""One run of an operation task: its locks, its heartbeat, its progress and its events.
+
+The submitter takes the VM's (or host's) lock in the task's name before queueing it, so a
+conflicting request is refused at once; the run re-takes the same lock (same owner: the task id,
+which a redelivered message keeps) and holds it with a heartbeat. The heartbeat also keeps the
+task's message from being redelivered while it runs: kombu's Redis transport redelivers an
+unacknowledged message once its entry in the unacked index is older than the visibility timeout,
+so refreshing that entry means "still working on it".
+"""
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from celery.signals import task_received, worker_ready
+
+from vmmgr.paths import default_paths
+from vmmgr.state import FleetState
+
+from .app import UNACKED_INDEX, VISIBILITY_TIMEOUT
+
+HEARTBEAT = max(1.0, VISIBILITY_TIMEOUT / 3)
+LOCK_TTL = 2 * VISIBILITY_TIMEOUT  # outlives a dead worker until its task is redelivered
+EVENTS_IN_META = 200
+
+_delivery_tags: dict[str, str] = {}  # task id -> its message's tag, for the heartbeat
+
+
+@task_received.connect
+def _remember_delivery_tag(request=None, **_):
+    tag = getattr(request.message, "delivery_tag", None) if request is not None else None
+    if tag:
+        _delivery_tags[request.id] = tag
+
+
+@worker_ready.connect
+def _announce_ready(sender=None, **_):
+    # `vmmgr lab up` (and an operator's health check) wait for this key.
+    state().r.set(f"vmmgr:worker:{worker_host()}", f"{os.getpid()} {sender.hostname}")
+
+
+def worker_host() -> str:
+    return os.environ.get("VMMGR_HOST") or socket.gethostname()
+
+
+def state() -> FleetState:
+    return FleetState(default_paths().redis_url() or "redis://localhost:6379/0")
+
+
+@dataclass(frozen=True)
+class LockSpec:
+    kind: str  # "vm", "host" or "fleet"
+    name: str
+    what: str
+
+
+class Run:
+    def __init__(self, task, lock: LockSpec | None):
+        self.task = task
+        self.id = task.request.id
+        self.lock = lock
+        self.state = state()
+        self.events: list[str] = []
+        self.progress_record: dict | None = None
+        self.rerun = False  # a redelivered task: an earlier run may have done part of the work
+        self._mutex = threading.Lock()
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, daemon=True)
+
+    def __enter__(self) -> "Run":
+        runs = self.state.task_started(self.id, worker_host())
+        self.rerun = runs > 1 or bool(self.task.request.delivery_info.get("redelivered"))
+        if self.lock:
+            self.state.acquire(self.lock.kind, self.lock.name, self.id, self.lock.what, LOCK_TTL)
+        self._beat.start()
+        if self.rerun:
+            self.event(f"run {runs} of this task: checking what the earlier run did")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._beat.join()
+        if self.lock:
+            self.state.release(self.lock.kind, self.lock.name, self.id)
+        _delivery_tags.pop(self.id, None)
+
+    def event(self, message: str, vm: str = "", host: str = "", kind: str = "info") -> None:
+        if not vm and self.lock and self.lock.kind == "vm":
+            vm = self.lock.name
+        if not host and self.lock and self.lock.kind == "host":
+            host = self.lock.name
+        self.state.event(message, kind=kind, vm=vm, host=host, task=self.id)
+        with self._mutex:
+            self.events.append(message)
+            self._push()
+
+    def progress(self, progress) -> None:
+        """The engine's progress callback: a JobProgress, or None when the job ends."""
+        with self._mutex:
+            self.progress_record = progress.as_dict() if progress is not None else None
+            self._push()
+
+    def _push(self) -> None:
+        # task_id given: the engine may call from its own threads, where the task's request
+        # context (thread-local) is empty.
+        self.task.update_state(task_id=self.id, state="PROGRESS", meta={
+            "events": self.events[-EVENTS_IN_META:], "event_count": len(self.events),
+            "progress": self.progress_record})
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT):
+            try:
+                if self.lock:
+                    self.state.refresh(self.lock.kind, self.lock.name, self.id, LOCK_TTL)
+                tag = _delivery_tags.get(self.id)
+                if tag:
+                    self.state.r.zadd(UNACKED_INDEX, {tag: time.time()}, xx=True)
+            except Exception:  # a Redis hiccup must not kill the operation; the next beat retries
+                continue

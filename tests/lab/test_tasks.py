@@ -1,0 +1,140 @@
+"""The task API on the lab's real Redis and Celery workers (one per host namespace)."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from vmmgr.state import FleetState
+
+from .conftest import assert_contiguous, cli, ticks, wait_ticks, where_defined
+
+
+@pytest.fixture
+def state(lab, paths):
+    return FleetState(paths.redis_url())
+
+
+def recent(n=50):
+    return json.loads(cli("tasks", "--limit", str(n), "--json", check_code=0).stdout)
+
+
+def wait_for(check, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.3)
+
+
+def test_operations_run_on_the_workers_and_leave_records(lab, fleet, paths, state):
+    try:
+        cli("vm", "create", "tk1", "--host", "host1", check_code=0)
+        wait_ticks(paths, "tk1", 2)
+        proc = cli("migrate", "tk1", "--to", "host2", check_code=0)
+        assert "host1 -> host2" in proc.stdout and "%" in proc.stderr  # progress came through
+        tasks = {t["name"]: t for t in recent(10) if "tk1" in t["args"]}
+        # Each ran on the worker of the host that holds the VM, and succeeded once.
+        assert tasks["create"]["worker"] == "host1" and tasks["create"]["state"] == "SUCCESS"
+        assert tasks["migrate"]["worker"] == "host1" and tasks["migrate"]["state"] == "SUCCESS"
+        assert tasks["migrate"]["queue"] == "host.host1" and tasks["migrate"]["runs"] == "1"
+        record = state.vm("tk1")
+        assert record["host"] == "host2" and record["state"] == "running"
+        [attempt] = state.migrations("tk1")
+        assert attempt["status"] == "completed" and attempt["source"] == "host1"
+        assert attempt["target"] == "host2" and attempt["downtime_ms"] is not None
+        assert attempt["started_at"] < attempt["ended_at"]
+        messages = [e["message"] for e in state.events(200, vm="tk1")]
+        assert "tk1: created on host1" in messages
+        assert any(m.startswith("tk1: host1 -> host2") for m in messages)
+        assert_contiguous(ticks(paths, "tk1"))
+    finally:
+        cli("vm", "destroy", "tk1")
+    assert state.vm("tk1") == {}
+
+
+def test_bad_and_conflicting_requests_are_refused_and_change_nothing(make_vm, fleet, paths,
+                                                                    state):
+    make_vm("busy1", host="host1")
+    before = len(recent(500))
+    refused = [
+        (["migrate", "ghost", "--to", "host2"], 3, "unknown VM 'ghost'"),
+        (["migrate", "busy1", "--to", "host9"], 3, "unknown host 'host9'"),
+        (["migrate", "busy1", "--to", "host1"], 2, "already runs on host1"),
+        (["vm", "create", "huge", "--memory", "4096"], 2, "more than any host offers"),
+        (["vm", "create", "bad/name"], 2, "name"),
+        (["host", "drain", "host9"], 3, "unknown host"),
+        (["vm", "resume", "busy1"], 4, "not suspended"),
+    ]
+    for args, code, message in refused:
+        proc = cli(*args)
+        assert proc.returncode == code and message in proc.stderr, (args, proc.stderr)
+    assert len(recent(500)) == before  # nothing was even queued
+    assert where_defined(fleet, "busy1") == ["host1"]
+    assert where_defined(fleet, "huge") == []
+
+    # A VM already being moved (slowly: 8 MiB/s): a second request is refused at once; the
+    # first carries on until cancelled, and the VM stays where it was.
+    first = cli("migrate", "busy1", "--to", "host2", "--bandwidth", "8", "--no-wait",
+                check_code=0)
+    task_id = first.stdout.split()[-1]
+    proc = cli("migrate", "busy1", "--to", "host3")
+    assert proc.returncode == 4 and "busy: migration of busy1 to host2" in proc.stderr
+    assert cli("vm", "suspend", "busy1").returncode == 4
+    wait_for(lambda: fleet.locate("busy1").has_job(), 60, "the first migration never started")
+    cli("migrate", "cancel", "busy1", check_code=0)
+    wait_for(lambda: _task_state(task_id) == "FAILURE", 60, "the cancelled task did not end")
+    assert where_defined(fleet, "busy1") == ["host1"]
+    assert state.holder("vm", "busy1") is None  # the lock went with the task
+    [attempt] = state.migrations("busy1")
+    assert attempt["status"] == "failed" and "cancel" in attempt["error"]
+
+
+def test_reconcile_repairs_records_that_drifted_from_libvirt(make_vm, fleet, state):
+    make_vm("drift1", host="host3", workload="idle")
+    state.set_vm("drift1", host="host1", state="suspended")
+    state.set_vm("phantom", host="host2", state="running")
+    wait_for(lambda: state.vm("drift1").get("host") == "host3" and state.vm("phantom") == {},
+             30, "beat's reconcile did not repair the records")
+    assert state.vm("drift1")["state"] == "running"
+    repairs = [e["message"] for e in state.events(500) if e["kind"] == "repair"]
+    assert any("drift1: record repaired: was suspended on host1" in m for m in repairs)
+    assert any("phantom: record removed" in m for m in repairs)
+
+
+def test_sigkill_of_the_worker_mid_drain_loses_nothing(lab, make_vm, fleet, paths, state):
+    names = ["kd1", "kd2", "kd3"]
+    for n in names:
+        make_vm(n, host="host1", interval=0.1)
+    for n in names:
+        wait_ticks(paths, n, 3)
+    proc = cli("host", "drain", "host1", "--no-wait", check_code=0)
+    task_id = proc.stdout.split()[-1]
+    try:
+        # Kill the worker running the drain once its first migration has started.
+        wait_for(lambda: any("migrating to" in e["message"] for e in state.events(50)
+                             if e["task"] == task_id), 60, "the drain never started migrating")
+        victim = state.task(task_id)["worker"]
+        os.kill(lab.services().worker_pid(victim), signal.SIGKILL)
+
+        # Another worker gets the message after the visibility timeout and finishes the drain.
+        wait_for(lambda: _task_state(task_id) == "SUCCESS", 120, "the drain was not redelivered")
+        task = state.task(task_id)
+        assert task["runs"] == "2" and task["worker"] != victim, task
+        assert fleet.host("host1").guests() == []
+        for n in names:
+            where = where_defined(fleet, n)
+            assert len(where) == 1 and where[0] in ("host2", "host3"), (n, where)  # once only
+            assert fleet.locate(n).state() == "running"
+            wait_ticks(paths, n, len(ticks(paths, n)) + 3)
+            assert_contiguous(ticks(paths, n))
+        hosts = {h["name"]: h["state"] for h in json.loads(cli("host", "list", "--json").stdout)}
+        assert hosts["host1"] == "reclaimed"
+    finally:
+        lab.up(3)  # brings the killed worker back
+        cli("host", "enable", "host1")
+
+
+def _task_state(task_id):
+    return next((t["state"] for t in recent(50) if t["id"] == task_id), None)

@@ -1,0 +1,75 @@
+"""Admission: the checks a request passes before it is queued, so that a bad one is refused at
+once with a clear error and nothing changes. The operation checks again when it runs (the fleet
+may have changed meanwhile); these answer the caller without waiting for a worker.
+"""
+
+from .errors import Conflict, InvalidRequest, NotFound
+from .fleet import Fleet, require_active, require_other_host
+from .placement import choose_host, refusal
+from .spec import VMSpec, validate_name
+
+
+def migration(fleet: Fleet, vm: str, target: str) -> str:
+    """Returns the VM's host."""
+    dest = fleet.host(target)
+    guest = fleet.locate(vm)
+    require_other_host(guest, target)
+    require_active(dest)
+    reason = refusal(dest.capacity(), guest.memory_mib(), guest.vcpus())
+    if reason:
+        raise Conflict(f"host {target} has no room for {vm}: {reason}")
+    return guest.host_name
+
+
+def creation(fleet: Fleet, spec: VMSpec, host: str | None) -> None:
+    if fleet.find(spec.name) is not None or fleet.is_suspended(spec.name):
+        raise Conflict(f"VM {spec.name!r} already exists")
+    if host:
+        target = fleet.host(host)
+        require_active(target)
+        cap = target.capacity()
+        if spec.memory_mib > cap.memory_mib:
+            raise InvalidRequest(f"{spec.memory_mib} MiB is more than host {host} offers "
+                                 f"({cap.memory_mib} MiB)")
+        reason = refusal(cap, spec.memory_mib, spec.vcpus)
+        if reason:
+            raise Conflict(f"host {host} has no room for {spec.name}: {reason}")
+        return
+    caps = fleet.active_capacities()
+    largest = max((c.memory_mib for c in caps.values()), default=0)
+    if caps and spec.memory_mib > largest:
+        raise InvalidRequest(f"{spec.memory_mib} MiB is more than any host offers "
+                             f"(the largest offers {largest} MiB)")
+    target, refused = choose_host(caps, spec.memory_mib, spec.vcpus)
+    if target is None:
+        why = "; ".join(f"{h}: {r}" for h, r in refused.items()) or "no active hosts"
+        raise Conflict(f"no host has room for {spec.name}: {why}")
+
+
+def running_vm(fleet: Fleet, vm: str) -> str:
+    """Returns the VM's host."""
+    validate_name(vm)
+    if fleet.is_suspended(vm):
+        raise Conflict(f"VM {vm!r} is already suspended")
+    return fleet.locate(vm).host_name
+
+
+def suspended_vm(fleet: Fleet, vm: str, host: str | None) -> None:
+    validate_name(vm)
+    if host:
+        require_active(fleet.host(host))
+    if not fleet.is_suspended(vm):
+        guest = fleet.find(vm)
+        if guest is None:
+            raise NotFound(f"unknown VM {vm!r}")
+        raise Conflict(f"VM {vm!r} is not suspended: it runs on {guest.host_name}")
+
+
+def known_vm(fleet: Fleet, vm: str) -> None:
+    validate_name(vm)
+    if fleet.find(vm) is None and not fleet.is_suspended(vm):
+        raise NotFound(f"unknown VM {vm!r}")
+
+
+def known_host(fleet: Fleet, host: str) -> None:
+    fleet.host(host)

@@ -1,0 +1,44 @@
+"""How a mutating command runs: through the task API when a broker is configured (the lab
+writes one; production sets $VMMGR_REDIS_URL), in this process otherwise.
+
+The CLI is the one part of `vmmgr` that talks to Celery, and only here, imported late: the core
+library stays free of it.
+"""
+
+from collections.abc import Callable
+
+import click
+
+from ..paths import Paths
+from .base import log_line, progress_printer
+
+
+def wait_option(f):
+    return click.option("--wait/--no-wait", default=True, show_default=True,
+                        help="Follow the task to its end (with progress), or only submit it.")(f)
+
+
+def run_operation(paths: Paths, op: str, kwargs: dict, *, host: str | None,
+                  lock: tuple[str, str, str] | None, wait: bool, local: Callable[[], dict],
+                  progress: bool = False, events: bool = True) -> dict | None:
+    """The operation's result, or None when it was only submitted (--no-wait).
+
+    `host` names the host whose worker should run it (None: any worker, on the control queue).
+    """
+    url = paths.redis_url()
+    if url is None:
+        return local()
+    from tasks import client
+    from tasks.app import CONTROL_QUEUE, host_queue, use_broker
+    from tasks.runtime import LockSpec
+
+    use_broker(url)
+    queue = host_queue(host) if host else CONTROL_QUEUE
+    task_id = client.submit(paths, op, kwargs, queue, LockSpec(*lock) if lock else None)
+    if not wait:
+        click.echo(f"submitted {op}: task {task_id}")
+        return None
+    log_line(f"task {task_id} ({op}) on queue {queue}")
+    show = progress_printer(enabled=progress)
+    return client.wait(task_id, on_progress=show,
+                       on_event=log_line if events else (lambda m: None))

@@ -1,0 +1,175 @@
+"""The lab's control plane: a Redis server, one Celery worker per lab host (inside that host's
+network namespace, consuming its own queue and `control`) and Celery beat (running reconcile).
+
+Redis listens on the inter-host bridge, as it would on a control node's management address.
+Every process started here has the lab's directory on its command line, so `stop` finds them
+even after a crash that lost the pid files.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+
+from .errors import VmmgrError
+from .paths import Paths
+
+REDIS_PORT = 6390
+RECONCILE_SECONDS = 5  # the lab resumes parked VMs quickly; production's default is 10
+VISIBILITY_TIMEOUT = 20  # a dead worker's task comes back after this many seconds
+WORKER_THREADS = 6  # a drain, a migration per VM in it, a cancel: all at once
+READY_TIMEOUT = 60
+
+
+class Services:
+    def __init__(self, paths: Paths, bridge_ip: str, log=lambda msg: None):
+        self.paths = paths
+        self.root = paths.lab / "services"
+        self.url = f"redis://{bridge_ip}:{REDIS_PORT}/0"
+        self.bridge_ip = bridge_ip
+        self.log = log
+
+    def env(self, host: str | None = None) -> dict:
+        env = os.environ | {
+            "VMMGR_HOME": str(self.paths.home), "VMMGR_REDIS_URL": self.url,
+            "VMMGR_RECONCILE_SECONDS": str(RECONCILE_SECONDS),
+            "VMMGR_VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT),
+        }
+        if host:
+            env["VMMGR_HOST"] = host
+        return env
+
+    # ---- Redis --------------------------------------------------------------------------
+
+    def start_redis(self) -> None:
+        if self._alive("redis") and self._pings():
+            return
+        d = self.root / "redis"
+        d.mkdir(parents=True, exist_ok=True)
+        conf = d / "redis.conf"
+        conf.write_text(
+            f"bind {self.bridge_ip}\nport {REDIS_PORT}\nprotected-mode no\n"
+            f"dir {d}\nappendonly yes\nsave \"\"\nlogfile {d / 'redis.log'}\n"
+            "set-proc-title no\n")  # keep the command line `stop` looks for
+        self._spawn("redis", ["redis-server", str(conf)], self.env())
+        _until(self._pings, 10, "the lab's Redis did not answer")
+        self.paths.redis_url_file.write_text(self.url + "\n")
+
+    def _pings(self) -> bool:
+        try:
+            return bool(redis.Redis.from_url(self.url, socket_timeout=1).ping())
+        except redis.RedisError:
+            return False
+
+    # ---- Celery ---------------------------------------------------------------------------
+
+    def start_workers(self, namespaces: dict[str, str]) -> None:
+        """One worker per host (name -> network namespace) that has none running."""
+        r = redis.Redis.from_url(self.url, decode_responses=True)
+        started = {}
+        for host, ns in namespaces.items():
+            if self._alive(f"worker-{host}"):
+                continue
+            r.delete(f"vmmgr:worker:{host}")
+            log = self.root / f"worker-{host}.log"
+            cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "celery", "-A", "tasks.app",
+                   "worker", "-Q", f"host.{host},control", "-n", f"{host}@vmmgr-lab",
+                   "--pool", "threads", "--concurrency", str(WORKER_THREADS),
+                   "--loglevel", "INFO", "--logfile", str(log), "--without-mingle",
+                   "--without-gossip"]
+            started[host] = self._spawn(f"worker-{host}", cmd, self.env(host))
+        for host, pid in started.items():
+            def ready() -> bool:
+                if not _running(pid):
+                    raise VmmgrError(f"the Celery worker of {host} exited: see "
+                                     f"{self.root / f'worker-{host}.out'}")
+                return (r.get(f"vmmgr:worker:{host}") or "").split(" ")[0] == str(pid)
+            _until(ready, READY_TIMEOUT, f"the Celery worker of {host} did not start: see "
+                   f"{self.root / f'worker-{host}.log'}")
+        if started:
+            self.log(f"celery workers ready: {', '.join(started)}")
+
+    def start_beat(self) -> None:
+        if self._alive("beat"):
+            return
+        cmd = [sys.executable, "-m", "celery", "-A", "tasks.app", "beat",
+               "--schedule", str(self.root / "beat-schedule"), "--loglevel", "INFO",
+               "--logfile", str(self.root / "beat.log")]
+        self._spawn("beat", cmd, self.env())
+
+    def worker_pid(self, host: str) -> int | None:
+        return self._pid(f"worker-{host}") if self._alive(f"worker-{host}") else None
+
+    # ---- all of it ------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop beat and Redis (workers go with their host namespaces), found by command line."""
+        mine = [pid for pid in _pids() if str(self.root) in _cmdline(pid)]
+        for pid in mine:
+            _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while any(_running(p) for p in mine) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in mine:
+            _signal(pid, signal.SIGKILL)
+        self.paths.redis_url_file.unlink(missing_ok=True)
+        subprocess.run(["rm", "-rf", str(self.root)], check=False)
+
+    # ---- processes ----------------------------------------------------------------------
+
+    def _spawn(self, name: str, cmd: list[str], env: dict) -> int:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / f"{name}.out", "ab") as out:
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    cwd=self.root)
+        (self.root / f"{name}.pid").write_text(f"{proc.pid}\n")
+        return proc.pid
+
+    def _pid(self, name: str) -> int | None:
+        try:
+            return int((self.root / f"{name}.pid").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _alive(self, name: str) -> bool:
+        pid = self._pid(name)
+        return pid is not None and _running(pid) and str(self.root) in _cmdline(pid)
+
+
+def _until(check, timeout: float, message: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise VmmgrError(message)
+        time.sleep(0.2)
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,177 @@
+"""Fleet state in Redis: what the task API, the CLI and the web console read without asking every
+host, and what only the control plane knows.
+
+libvirt stays the ground truth for where a VM runs; the records here mirror it (reconcile repairs
+any drift and says so in the event log) and add what libvirt cannot tell: the operation in flight
+on each VM, every migration attempt, the tasks submitted, and the event log. Locks live here too:
+one operation per VM (and per host) at a time, with an expiry so a dead worker never holds one
+for ever.
+"""
+
+import json
+import time
+from functools import cached_property
+
+import redis
+
+from .errors import Conflict
+
+P = "vmmgr:"
+EVENTS_KEPT = 10_000
+TASKS_KEPT = 500
+MIGRATIONS_KEPT = 100  # attempts per VM
+VM_STATES = ("running", "migrating", "suspending", "suspended", "resuming", "paused", "shutoff")
+
+# Compare-and-act on a lock's owner in one step, so a late or duplicate worker never extends or
+# frees a lock that has since passed to someone else.
+# A lock's value is "<owner> <what>".
+_OWNED = "local v = redis.call('get', KEYS[1]) " \
+         "if v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then "
+_REFRESH = _OWNED + "return redis.call('expire', KEYS[1], ARGV[2]) else return 0 end"
+_RELEASE = _OWNED + "return redis.call('del', KEYS[1]) else return 0 end"
+
+
+class FleetState:
+    def __init__(self, url: str):
+        self.url = url
+
+    @cached_property
+    def r(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url, decode_responses=True, socket_timeout=10)
+
+    # ---- event log ----------------------------------------------------------------------
+
+    def event(self, message: str, *, kind: str = "info", vm: str = "", host: str = "",
+              task: str = "") -> None:
+        self.r.xadd(P + "events", {"time": f"{time.time():.3f}", "kind": kind, "vm": vm,
+                                   "host": host, "task": task, "message": message},
+                    maxlen=EVENTS_KEPT, approximate=True)
+
+    def events(self, count: int = 50, after: str = "-", vm: str | None = None) -> list[dict]:
+        """Oldest first. `after` is an event id (exclusive) to read only what is new."""
+        start = "-" if after == "-" else f"({after}"
+        if after == "-":
+            entries = list(reversed(self.r.xrevrange(P + "events", count=count)))
+        else:
+            entries = self.r.xrange(P + "events", min=start, count=count)
+        out = [{"id": eid, **fields} for eid, fields in entries]
+        return [e for e in out if vm is None or e.get("vm") == vm]
+
+    # ---- VMs ----------------------------------------------------------------------------
+
+    def set_vm(self, name: str, **fields) -> None:
+        fields["updated"] = f"{time.time():.3f}"
+        self.r.hset(P + f"vm:{name}", mapping={k: _str(v) for k, v in fields.items()})
+        self.r.sadd(P + "vms", name)
+
+    def vm(self, name: str) -> dict:
+        return self.r.hgetall(P + f"vm:{name}")
+
+    def vms(self) -> dict[str, dict]:
+        return {n: self.vm(n) for n in sorted(self.r.smembers(P + "vms"))}
+
+    def forget_vm(self, name: str) -> None:
+        self.r.delete(P + f"vm:{name}")
+        self.r.srem(P + "vms", name)
+
+    def record(self, kind: str, vm: str, details: dict) -> None:
+        """Apply one step's outcome, as `reclaim` and the tasks report it, to the VM's records."""
+        if kind == "migrating":
+            self.set_vm(vm, state="migrating", target=details["target"])
+        elif kind in ("migrated", "migration_failed"):
+            status = "completed" if kind == "migrated" else "failed"
+            self.add_migration(vm, {"status": status, **details})
+            if kind == "migrated":
+                self.set_vm(vm, state="running", host=details["target"], target="")
+            else:  # a failed migration leaves the VM on its source
+                self.set_vm(vm, state="running", host=details["source"], target="")
+        elif kind == "suspending":
+            self.set_vm(vm, state="suspending")
+        elif kind == "suspended":
+            self.set_vm(vm, state="suspended", host="", target="")
+        elif kind == "resuming":
+            self.set_vm(vm, state="resuming", target=details["target"])
+        elif kind == "resumed":
+            self.set_vm(vm, state="running", host=details["host"], target="")
+        elif kind == "resume_failed":
+            self.set_vm(vm, state="suspended", target="")
+        else:
+            raise ValueError(f"unknown record kind {kind!r}")
+
+    # ---- hosts (a snapshot written by reconcile) ---------------------------------------------
+
+    def set_hosts(self, hosts: dict[str, dict]) -> None:
+        pipe = self.r.pipeline()
+        pipe.delete(P + "hosts")
+        if hosts:
+            pipe.hset(P + "hosts", mapping={n: json.dumps(h) for n, h in hosts.items()})
+        pipe.execute()
+
+    def hosts(self) -> dict[str, dict]:
+        return {n: json.loads(h) for n, h in sorted(self.r.hgetall(P + "hosts").items())}
+
+    # ---- migration attempts ---------------------------------------------------------------
+
+    def add_migration(self, vm: str, record: dict) -> None:
+        key = P + f"migrations:{vm}"
+        self.r.rpush(key, json.dumps(record, default=str))
+        self.r.ltrim(key, -MIGRATIONS_KEPT, -1)
+
+    def migrations(self, vm: str) -> list[dict]:
+        return [json.loads(m) for m in self.r.lrange(P + f"migrations:{vm}", 0, -1)]
+
+    # ---- tasks ----------------------------------------------------------------------------
+
+    def add_task(self, task_id: str, name: str, args: dict, queue: str) -> None:
+        now = time.time()
+        self.r.hset(P + f"task:{task_id}", mapping={
+            "id": task_id, "name": name, "args": json.dumps(args), "queue": queue,
+            "submitted": f"{now:.3f}", "runs": 0})
+        self.r.zadd(P + "tasks", {task_id: now})
+        for old in self.r.zrange(P + "tasks", 0, -TASKS_KEPT - 1):
+            self.r.delete(P + f"task:{old}")
+            self.r.zrem(P + "tasks", old)
+
+    def task_started(self, task_id: str, worker: str) -> int:
+        """Count a run of the task (a redelivered task runs again); returns which run this is."""
+        self.r.hset(P + f"task:{task_id}", mapping={"worker": worker,
+                                                    "started": f"{time.time():.3f}"})
+        return self.r.hincrby(P + f"task:{task_id}", "runs", 1)
+
+    def task(self, task_id: str) -> dict:
+        return self.r.hgetall(P + f"task:{task_id}")
+
+    def recent_tasks(self, count: int = 20) -> list[dict]:
+        ids = self.r.zrevrange(P + "tasks", 0, count - 1)
+        return [t for t in (self.task(i) for i in ids) if t]
+
+    # ---- locks ----------------------------------------------------------------------------
+
+    def acquire(self, kind: str, name: str, owner: str, what: str, ttl: int) -> None:
+        """Take the lock for `owner` (a task id), or refuse at once saying what holds it.
+
+        Taking a lock the same owner already holds succeeds: a redelivered task keeps its lock.
+        """
+        key = P + f"lock:{kind}:{name}"
+        value = f"{owner} {what}"
+        if self.r.set(key, value, nx=True, ex=ttl):
+            return
+        holder = self.r.get(key) or ""
+        if holder.split(" ", 1)[0] == owner:
+            self.r.expire(key, ttl)
+            return
+        busy = holder.split(" ", 1)[1] if " " in holder else "another operation"
+        raise Conflict(f"{'VM' if kind == 'vm' else kind} {name!r} is busy: {busy} is in progress (task {holder.split()[0]})")
+
+    def refresh(self, kind: str, name: str, owner: str, ttl: int) -> bool:
+        return bool(self.r.eval(_REFRESH, 1, P + f"lock:{kind}:{name}", owner, ttl))
+
+    def release(self, kind: str, name: str, owner: str) -> None:
+        self.r.eval(_RELEASE, 1, P + f"lock:{kind}:{name}", owner)
+
+    def holder(self, kind: str, name: str) -> str | None:
+        return self.r.get(P + f"lock:{kind}:{name}")
+
+
+def _str(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
