@@ -5,9 +5,11 @@ VMs happens here; moving them is `migration`'s job.
 """
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import console
+from .addresses import NetworkConfig, pool_for
+from .edge import Edge
 from .errors import Conflict, HostUnreachable, InvalidRequest, NotFound, VmmgrError
 from .guest import Guest
 from .host import Capacity, Host
@@ -127,15 +129,32 @@ class Fleet:
             reason = refusal(host.capacity(), spec.memory_mib, spec.vcpus)
             if reason:
                 raise Conflict(f"host {host_name} has no room for {spec.name}: {reason}")
+            pool = pool_for(self.paths)
+            if pool is not None:
+                config = NetworkConfig.load(self.paths)
+                spec = replace(spec, address=pool.allocate(spec.name), gateway=config.gateway)
             console.remove(self.paths.consoles, spec.name)
             path = console.next_segment(self.paths.consoles, spec.name, host_name)
-            guest = host.define(domain_xml(spec, accel=host.accel, console_path=path))
             try:
-                guest.start()
+                guest = host.define(domain_xml(spec, accel=host.accel, console_path=path))
+                try:
+                    guest.start()
+                except VmmgrError:
+                    guest.undefine()
+                    raise
             except VmmgrError:
-                guest.undefine()
+                if pool is not None:
+                    pool.release(spec.name)
                 raise
+            if spec.address:
+                self.route_address(spec.address, host_name)
             return guest
+
+    def route_address(self, address: str | None, host: str) -> None:
+        """Point the edge at `host` for the VM's stable address (nothing without an edge)."""
+        edge = Edge.load(self.paths)
+        if edge is not None and address:
+            edge.route(address, host)
 
     def is_suspended(self, vm: str) -> bool:
         return (self.paths.saves / vm / "record.json").is_file()
@@ -150,8 +169,15 @@ class Fleet:
             if guest is not None:
                 guest.destroy()
                 guest.undefine()
+            edge = Edge.load(self.paths)
+            address = pool_for(self.paths).address_of(vm) if pool_for(self.paths) else None
+            if edge is not None and address:
+                edge.unroute(address)
             shutil.rmtree(self.paths.saves / vm, ignore_errors=True)
             console.remove(self.paths.consoles, vm)
+            pool = pool_for(self.paths)
+            if pool is not None:
+                pool.release(vm)
             return guest.host_name if guest is not None else "storage (suspended)"
 
 

@@ -8,6 +8,7 @@ from .errors import NotFound
 from .guest import Guest
 from .inventory import HostRecord
 from .libvirt_errors import translated
+from .libvirt_events import ensure_loop
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class Host:
     @property
     def conn(self) -> libvirt.virConnect:
         if self._conn is None:
+            ensure_loop()  # before the connection opens, or it delivers no events
             with translated(f"connect to host {self.name} ({self.uri})"):
                 self._conn = libvirt.open(self.uri)
         return self._conn

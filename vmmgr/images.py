@@ -2,8 +2,8 @@
 
 Kernel: `boot/vmlinuz-*` from the .deb that `linux-image-cloud-amd64` depends on, downloaded and
 unpacked into a scratch folder (never installed as the host's kernel). Initramfs: busybox-static,
-the virtio modules from the same .deb, `guest_image/init.sh` and the `dirtier` workload compiled
-statically from `guest_image/dirtier.c` with Debian's gcc. Both are cached under the image
+the virtio modules from the same .deb, `guest_image/init.sh` and the C programs in `guest_image/`
+(the `dirtier` workload, the `stream` generator) compiled statically with Debian's gcc. Both are cached under the image
 directory; the initramfs's file name carries a hash of what went into it, so a change to the init
 script builds a new one and an unchanged one is never rebuilt.
 """
@@ -21,6 +21,7 @@ from .errors import VmmgrError
 
 KERNEL_META_PACKAGE = "linux-image-cloud-amd64"
 BUSYBOX = Path("/bin/busybox")
+GUEST_PROGRAMS = ("dirtier", "stream")
 # In load order (init.sh loads them in this order too).
 GUEST_MODULES = (
     "virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci",
@@ -96,7 +97,8 @@ def _kernel_package() -> str:
 
 def _ensure_initramfs(dest: Path, modules: Path, log) -> Path:
     digest = hashlib.sha256(init_script())
-    digest.update(_guest_file("dirtier.c"))
+    for program in GUEST_PROGRAMS:
+        digest.update(_guest_file(f"{program}.c"))
     for name in GUEST_MODULES:
         digest.update((modules / f"{name}.ko").read_bytes())
     digest.update(BUSYBOX.read_bytes())
@@ -112,10 +114,10 @@ def _ensure_initramfs(dest: Path, modules: Path, log) -> Path:
         (root / "bin" / "sh").symlink_to("busybox")
         (root / "init").write_bytes(init_script())
         (root / "init").chmod(0o755)
-        # The memory-pressure workload is C (busybox cannot verify memory): static, so the
+        # What busybox cannot do (verify memory, make a checkable stream) is C: static, so the
         # initramfs needs no libc.
-        (Path(tmp) / "dirtier.c").write_bytes(_guest_file("dirtier.c"))
-        _run(["gcc", "-static", "-O2", "-o", str(root / "bin" / "dirtier"), str(Path(tmp) / "dirtier.c")])
+        for program in GUEST_PROGRAMS:
+            _compile(program, root / "bin" / program)
         for name in GUEST_MODULES:
             shutil.copy2(modules / f"{name}.ko", root / "lib" / "modules" / f"{name}.ko")
         # The kernel opens /dev/console for init's output before init can mount devtmpfs.
@@ -129,6 +131,24 @@ def _ensure_initramfs(dest: Path, modules: Path, log) -> Path:
         partial.write_bytes(_gzip(cpio))
         os.replace(partial, initrd)
     return initrd
+
+
+def stream_tool(images: Path) -> Path:
+    """The host's copy of the guest's `stream` generator: checkers and outside servers use it."""
+    tool = images / "builtin" / f"stream-{hashlib.sha256(_guest_file('stream.c')).hexdigest()[:12]}"
+    if not tool.exists():
+        tool.parent.mkdir(parents=True, exist_ok=True)
+        _compile("stream", tool)
+    return tool
+
+
+def _compile(program: str, out: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="vmmgr-cc-") as tmp:
+        src = Path(tmp) / f"{program}.c"
+        src.write_bytes(_guest_file(f"{program}.c"))
+        partial = Path(tmp) / program
+        _run(["gcc", "-static", "-O2", "-o", str(partial), str(src)])
+        shutil.copy2(partial, out)
 
 
 def _gzip(data: bytes) -> bytes:

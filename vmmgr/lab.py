@@ -30,6 +30,7 @@ from .errors import VmmgrError
 from .images import BuiltinImage, ensure_builtin
 from . import libvirt_errors  # noqa: F401  (keeps libvirt from printing errors we handle)
 from .inventory import HostRecord, Inventory
+from .lab_net import LabNetwork, hook_script
 from .lab_services import Services
 from .paths import Paths
 from .workloads import BASE_CMDLINE
@@ -39,7 +40,7 @@ BRIDGE = "vmmgr-br0"
 SUBNET = "10.77.0"
 BRIDGE_CIDR = f"{SUBNET}.1/24"
 GUEST_BRIDGE = "br-guest"
-GUEST_GATEWAY_CIDR = "10.78.0.1/24"
+GUEST_GATEWAY_CIDR = "10.78.0.1/32"  # guests are /32s routed to the bridge (see lab_net)
 GUEST_GATEWAY_MAC = "02:76:6d:00:00:01"
 HOST_MEMORY_MIB = 1024  # what each lab host offers VMs: small, so "no room" is easy to reach
 HOST_VCPUS = 8  # vCPUs may be overcommitted; memory (above) never is
@@ -133,6 +134,8 @@ class Lab:
             for r in records:
                 inventory.add(r, replace=True)
             self._write_state({"accel": accel})
+            LabNetwork(self.paths, BRIDGE, self.log).up(
+                {h.name: (h.namespace, h.ip, h.index) for h in self.running_hosts()})
             services = self.services()
             services.start_redis()
             services.start_workers({h.name: h.namespace for h in self.running_hosts()})
@@ -151,6 +154,7 @@ class Lab:
                 _run(["ip", "link", "delete", link], check=False)
                 removed.append(link)
             self.services().stop()  # after the namespaces, whose workers may still use Redis
+            LabNetwork(self.paths, BRIDGE).remove_keys()
             shutil.rmtree(self.root / "hosts", ignore_errors=True)
             inventory = Inventory(self.paths.inventory)
             inventory.remove({r.name for r in inventory.records() if r.lab})
@@ -251,6 +255,10 @@ class Lab:
         for sub in LIBVIRT_DIRS:
             (d / sub).mkdir(parents=True, exist_ok=True)
         (d / "etc" / "libvirtd.conf").write_text(_libvirtd_conf(h))
+        hook = d / "etc" / "hooks" / "qemu"  # keeps each local guest's /32 route (lab_net)
+        hook.parent.mkdir(exist_ok=True)
+        hook.write_bytes(hook_script())
+        hook.chmod(0o755)
         (d / "etc" / "qemu.conf").write_text(_qemu_conf(h))
         (d / "hosts").write_text(_etc_hosts())
         if self._caps_cache().is_dir():

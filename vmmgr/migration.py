@@ -23,7 +23,7 @@ from .libvirt_errors import translated
 from .locks import vm_operation
 from .placement import refusal
 from .policy import Policy
-from .render import set_console_path
+from .render import address_of, set_console_path
 from .spec import validate_name
 
 BASE_FLAGS = (
@@ -196,6 +196,7 @@ class _Migration:
         self.policy_abort: str | None = None
         self.postcopy_started = False
         self.paused = False
+        self.routed = False  # the edge sends the VM's address to the target
         self.last_stats: dict = {}
 
     def run(self) -> MigrationResult:
@@ -217,6 +218,41 @@ class _Migration:
         for action in actions:
             self._apply(action)
         started_at, t0 = time.time(), time.monotonic()
+        address = address_of(persistent)
+        switch = self._follow_switchover(address) if address else None
+        try:
+            error = self._migrate(params, flags, watch)
+        finally:
+            if switch is not None:
+                self.dest.conn.domainEventDeregisterAny(switch)
+        wall_ms = int((time.monotonic() - t0) * 1000)
+        if error is not None:
+            if self.routed:  # it resumed on the target, then failed: its address goes back
+                self.fleet.route_address(address, self.source)
+            self._fail(error, segment)
+        if address and not self.routed:  # no event came (it should have): route it now
+            self._event("no resume event from the target: routing the address after the fact")
+            self.fleet.route_address(address, self.target)
+        return self._result(started_at, wall_ms)
+
+    def _follow_switchover(self, address: str) -> int:
+        """Move the VM's address at the edge the moment the VM resumes on the target: libvirt's
+        lifecycle event, not a poll after the fact (TCP would back off meanwhile)."""
+        def on_lifecycle(conn, dom, event, detail, opaque) -> None:
+            if (event == libvirt.VIR_DOMAIN_EVENT_RESUMED and dom.name() == self.guest.name
+                    and not self.routed):
+                self.routed = True
+                try:
+                    self.fleet.route_address(address, self.target)
+                    self._event(f"address {address} routed to {self.target} at resume")
+                except VmmgrError as err:
+                    self._event(f"could not route {address} to {self.target}: {err}")
+
+        with translated(f"watch events on {self.target}"):
+            return self.dest.conn.domainEventRegisterAny(
+                None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE, on_lifecycle, None)
+
+    def _migrate(self, params: dict, flags: int, watch: pol.Watch) -> libvirt.libvirtError | None:
         error = self._call_and_monitor(params, flags, watch)
         attempts = 0
         while error is not None and self.postcopy_started and attempts < POSTCOPY_RECOVERY_ATTEMPTS:
@@ -227,10 +263,10 @@ class _Migration:
             time.sleep(min(2 ** attempts, 10))
             error = self._call_and_monitor(params, flags | libvirt.VIR_MIGRATE_POSTCOPY_RESUME,
                                            pol.Watch(started=time.monotonic(), postcopy=True))
-        wall_ms = int((time.monotonic() - t0) * 1000)
+        return error
 
-        if error is not None:
-            self._fail(error, segment)
+    def _result(self, started_at: float, wall_ms: int) -> MigrationResult:
+        guest = self.guest
         arrived = self.dest.find_guest(guest.name)
         if arrived is None:
             raise MigrationFailed(f"{guest.name} is not on {self.target} after libvirt reported success")

@@ -44,6 +44,10 @@ class Paths:
         return self.home / "lab"
 
     @property
+    def network_config(self) -> Path:
+        return self.home / "network.json"
+
+    @property
     def redis_url_file(self) -> Path:
         """Where `lab up` (or an operator) writes the Redis URL when $VMMGR_REDIS_URL is unset."""
         return self.home / "redis.url"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import jinja2
 
+from .addresses import mac_for
 from .spec import VMSpec
 
 XMLNS = "https://vmmgr.dev/xmlns/vm/1"
@@ -33,12 +34,19 @@ def _env() -> jinja2.Environment:
     )
 
 
-def domain_xml(spec: VMSpec, *, accel: str, console_path: Path) -> str:
+def domain_xml(spec: VMSpec, *, accel: str, console_path: Path, bridge: str = "br-guest") -> str:
     if accel not in ("kvm", "tcg"):
         raise ValueError(f"accel must be 'kvm' or 'tcg', not {accel!r}")
     return _env().get_template("domain.xml.j2").render(
-        spec=spec, accel=accel, console_path=str(console_path), xmlns=XMLNS
+        spec=spec, accel=accel, console_path=str(console_path), xmlns=XMLNS,
+        mac=mac_for(spec.address) if spec.address else "", bridge=bridge,
     )
+
+
+def address_of(xml: str) -> str | None:
+    """The stable address recorded in a domain's metadata, if it has one."""
+    el = ET.fromstring(xml).find(f"./metadata/{{{XMLNS}}}vm/{{{XMLNS}}}address")
+    return el.text if el is not None and el.text else None
 
 
 def set_console_path(xml: str, path: Path) -> str:

@@ -28,6 +28,8 @@ class VMSpec:
     initrd: Path | None
     cmdline: str
     workload: str = ""  # the built-in workload's name, empty for a user kernel
+    address: str = ""  # the stable address (`addresses`), empty without a network
+    gateway: str = ""
     uuid: str = field(default_factory=lambda: str(uuidlib.uuid4()))
 
 

@@ -22,7 +22,7 @@ from .fleet import Fleet, require_active
 from .libvirt_errors import translated
 from .locks import vm_operation
 from .placement import choose_host, refusal
-from .render import set_console_path
+from .render import address_of, set_console_path
 from .spec import validate_name
 
 
@@ -123,7 +123,9 @@ def resume(fleet: Fleet, vm: str, host: str | None = None) -> Resumed:
             target.conn.restoreFlags(str(d / "image"), set_console_path(image_xml, segment),
                                      libvirt.VIR_DOMAIN_SAVE_RUNNING)
         restore_ms = int((time.monotonic() - t0) * 1000)
-        target.define(set_console_path((d / "domain.xml").read_text(), segment))
+        definition = (d / "domain.xml").read_text()
+        target.define(set_console_path(definition, segment))
+        fleet.route_address(address_of(definition), host)
         for name in ("image", "domain.xml", "record.json"):
             (d / name).unlink(missing_ok=True)
         d.rmdir()

@@ -1,5 +1,7 @@
 """The built-in guest's workloads, turned into a kernel command line for `guest_image/init.sh`."""
 
+import netaddr
+
 from .errors import InvalidRequest
 
 # Kernel and init stay silent on the serial console: only the workload writes there.
@@ -10,11 +12,27 @@ from .errors import InvalidRequest
 # 14-pass migrations arrived intact. It costs a little on KVM, where the problem does not exist.
 BASE_CMDLINE = "console=ttyS0 quiet loglevel=0 panic=-1 pti=on"
 
+def endpoint(value: str) -> str:
+    """IP:PORT, checked (it goes on a kernel command line)."""
+    host, sep, port = value.rpartition(":")
+    try:
+        if not sep or not 0 < int(port) < 65536:
+            raise ValueError
+        netaddr.IPAddress(host, version=4)
+    except (ValueError, netaddr.AddrFormatError):
+        raise ValueError(f"{value!r} is not IP:PORT") from None
+    return f"{host}:{int(port)}"
+
+
 WORKLOADS = {
     # name: {parameter: (type, default)}
     "counter": {"interval": (float, 0.2), "count": (int, 0)},
     # rewrites `mib` MiB of memory at `rate` MiB/s (0: flat out), verifying every page it rewrites
     "dirtier": {"rate": (float, 8.0), "mib": (int, 32)},
+    # serves `mib` MiB of the `stream` generator's output at `rate` MiB/s (0: flat out) on `port`
+    "server": {"port": (int, 8080), "mib": (int, 200), "rate": (float, 0.0)},
+    # downloads once from `from` (IP:PORT) and prints the SHA-256 of what arrived
+    "fetch": {"from": (endpoint, "")},
     "idle": {},
 }
 
@@ -35,7 +53,7 @@ def cmdline(workload: str, params: dict[str, str] | None = None) -> str:
             parsed = kind(value)
         except ValueError:
             raise InvalidRequest(f"{workload} parameter {key}={value!r} is not a {kind.__name__}") from None
-        if parsed < 0:
+        if isinstance(parsed, (int, float)) and parsed < 0:
             raise InvalidRequest(f"{workload} parameter {key} must not be negative")
         words.append(f"vmmgr.{key}={parsed}")
     return " ".join(words)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from vmmgr.render import XMLNS, domain_xml, set_console_path
+from vmmgr.render import XMLNS, address_of, domain_xml, set_console_path
 from vmmgr.spec import VMSpec
 
 GOLDEN = Path(__file__).parent.parent / "golden"
@@ -26,6 +26,7 @@ def spec(**over) -> VMSpec:
     ("counter-tcg", "tcg", {}),
     ("counter-kvm", "kvm", {}),
     ("no-initrd-tcg", "tcg", {"initrd": None, "workload": ""}),
+    ("address-tcg", "tcg", {"address": "10.78.0.7", "gateway": "10.78.0.1"}),
 ])
 def test_domain_xml_matches_golden(case, accel, over, regen_golden):
     xml = domain_xml(spec(**over), accel=accel,
@@ -55,3 +56,14 @@ def test_set_console_path_moves_serial_and_console_and_keeps_metadata():
     paths = {s.get("path") for s in moved.iter("source") if s.get("path")}
     assert paths == {"/c/web-1/000002-host2.log"}
     assert moved.find(f"./metadata/{{{XMLNS}}}vm/{{{XMLNS}}}workload").text == "counter"
+
+
+def test_the_address_is_in_the_metadata_the_nic_and_the_command_line():
+    xml = domain_xml(spec(address="10.78.0.7", gateway="10.78.0.1"), accel="tcg",
+                     console_path=Path("/c.log"))
+    assert address_of(xml) == "10.78.0.7"
+    root = ET.fromstring(xml)
+    assert root.find("./devices/interface/mac").get("address") == "52:54:00:4e:00:07"
+    assert root.find("./os/cmdline").text.endswith("vmmgr.ip=10.78.0.7 vmmgr.gw=10.78.0.1")
+    plain = domain_xml(spec(), accel="tcg", console_path=Path("/c.log"))
+    assert address_of(plain) is None and ET.fromstring(plain).find("./devices/interface") is None

@@ -21,6 +21,31 @@ for m in virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_p
   [ -f "/lib/modules/$m.ko" ] && insmod "/lib/modules/$m.ko" 2>/dev/null
 done
 
+# A stable address (vmmgr.ip) is a /32 behind the gateway every host serves (vmmgr.gw) with the
+# same MAC, so nothing in the guest changes when it moves.
+ip=$(param ip "")
+if [ -n "$ip" ]; then
+  gw=$(param gw 10.78.0.1)
+  ip link set lo up
+  ip link set eth0 up
+  ip addr add "$ip/32" dev eth0
+  ip route add "$gw" dev eth0
+  ip route add default via "$gw" dev eth0
+fi
+
+serve() {  # serves the `stream` generator's MIB MiB at RATE MiB/s to every client of PORT
+  printf '#!/bin/sh\nexec stream %s %s\n' "$(param mib 200)" "$(param rate 0)" > /tmp/serve
+  chmod +x /tmp/serve
+  echo "serving on port $(param port 8080)"
+  nc -ll -p "$(param port 8080)" -e /tmp/serve
+}
+
+fetch() {  # downloads from HOST:PORT once and prints the SHA-256 of what arrived
+  echo "fetching from $(param from '')"
+  sum=$(nc "$(param from '' | cut -d: -f1)" "$(param from '' | cut -d: -f2)" | sha256sum)
+  echo "fetched ${sum%% *}"
+}
+
 counter() {  # prints "tick N" every INTERVAL seconds; stops after COUNT ticks when COUNT > 0
   interval=$(param interval 0.2)
   count=$(param count 0)
@@ -37,6 +62,8 @@ case "$(param workload idle)" in
   probe) echo "vmmgr-probe-ok"; poweroff -f ;;
   counter) counter ;;
   dirtier) dirtier "$(param rate 8)" "$(param mib 32)" ;;
+  server) serve ;;
+  fetch) fetch ;;
   idle) ;;
   *) echo "unknown workload $(param workload idle)" ;;
 esac

@@ -1,0 +1,132 @@
+"""The edge's routing: each VM's /32 goes down the WireGuard tunnel of the host that holds it.
+
+WireGuard routes by AllowedIPs: giving an address to one peer takes it from any other, in one
+`wg set`. So moving a VM's address is one command at the edge, made at the moment the VM resumes
+on its new host (the migration engine calls `route` from libvirt's lifecycle event).
+
+The edge is described by `$VMMGR_HOME/edge.json` (`lab up` writes it): its WireGuard interface,
+how to run commands there (the lab: in its network namespace), and each host's peer.
+"""
+
+import fcntl
+import json
+import subprocess
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+from .errors import VmmgrError
+from .paths import Paths
+
+
+@dataclass(frozen=True)
+class Peer:
+    public_key: str
+    tunnel_ip: str
+    endpoint: str
+
+
+@dataclass(frozen=True)
+class EdgeConfig:
+    namespace: str
+    interface: str
+    peers: dict[str, Peer] = field(default_factory=dict)
+
+    @staticmethod
+    def path(paths: Paths):
+        return paths.home / "edge.json"
+
+    @classmethod
+    def load(cls, paths: Paths) -> "EdgeConfig | None":
+        try:
+            data = json.loads(cls.path(paths).read_text())
+        except FileNotFoundError:
+            return None
+        return cls(data["namespace"], data["interface"],
+                   {h: Peer(**p) for h, p in data["peers"].items()})
+
+    def save(self, paths: Paths) -> None:
+        self.path(paths).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def remove(cls, paths: Paths) -> None:
+        cls.path(paths).unlink(missing_ok=True)
+
+
+class Edge:
+    def __init__(self, config: EdgeConfig, paths: Paths):
+        self.config = config
+        self.lock_path = paths.home / "edge.lock"
+
+    @classmethod
+    def load(cls, paths: Paths) -> "Edge | None":
+        config = EdgeConfig.load(paths)
+        return cls(config, paths) if config else None
+
+    def route(self, ip: str, host: str) -> None:
+        """Send `ip` to `host` from now on (and no longer anywhere else)."""
+        peer = self._peer(host)
+        with self._locked():
+            allowed = self.routes_by_host().get(host, set()) | {ip}
+            self._set_allowed(peer, allowed)
+
+    def unroute(self, ip: str) -> None:
+        with self._locked():
+            for host, ips in self.routes_by_host().items():
+                if ip in ips:
+                    self._set_allowed(self._peer(host), ips - {ip})
+
+    def sync(self, placement: dict[str, str]) -> list[str]:
+        """Make the edge route exactly `placement` (address -> host); returns what changed."""
+        changed = []
+        with self._locked():
+            now = self.routes_by_host()
+            for host, peer in self.config.peers.items():
+                want = {ip for ip, h in placement.items() if h == host}
+                if want != now.get(host, set()):
+                    self._set_allowed(peer, want)
+                    changed.append(host)
+        return changed
+
+    def routes(self) -> dict[str, str]:
+        """address -> host, as the edge routes now."""
+        return {ip: host for host, ips in self.routes_by_host().items() for ip in ips}
+
+    def routes_by_host(self) -> dict[str, set[str]]:
+        by_key = {p.public_key: (h, p) for h, p in self.config.peers.items()}
+        out = self._wg("show", self.config.interface, "allowed-ips")
+        routes: dict[str, set[str]] = {}
+        for line in out.splitlines():
+            key, _, rest = line.partition("\t")
+            if key not in by_key:
+                continue
+            host, peer = by_key[key]
+            routes[host] = {a.removesuffix("/32") for a in rest.split()
+                            if a.endswith("/32") and a != f"{peer.tunnel_ip}/32"}
+        return routes
+
+    def status(self) -> str:
+        return self._wg("show", self.config.interface)
+
+    def _set_allowed(self, peer: Peer, ips: set[str]) -> None:
+        allowed = ",".join([f"{peer.tunnel_ip}/32"] + [f"{ip}/32" for ip in sorted(ips)])
+        self._wg("set", self.config.interface, "peer", peer.public_key, "allowed-ips", allowed)
+
+    def _peer(self, host: str) -> Peer:
+        try:
+            return self.config.peers[host]
+        except KeyError:
+            raise VmmgrError(f"the edge has no tunnel to host {host!r}") from None
+
+    def _wg(self, *args: str) -> str:
+        cmd = ["ip", "netns", "exec", self.config.namespace, "wg", *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise VmmgrError(f"edge: wg {' '.join(args)}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    @contextmanager
+    def _locked(self):
+        # Read-modify-write of a peer's AllowedIPs: parallel moves (a drain) take turns.
+        with open(self.lock_path, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield

@@ -1,0 +1,159 @@
+"""The lab's stable-address network: an edge, a client outside it, WireGuard from the edge to
+every host (wireguard-go: the lab has no kernel module).
+
+    client (vmmgr-client, 10.80.0.2) -- edge (vmmgr-edge: 10.80.0.1 outside, 10.77.0.2 on the
+    inter-host bridge, wg-edge 10.79.0.1) == WireGuard == hostN (wg-hostN 10.79.0.1N)
+
+On a host the guest bridge serves the gateway 10.78.0.1 as a /32; each local guest has a /32
+route to the bridge (libvirt's qemu hook adds it when the VM starts or arrives and removes it
+when it leaves); whatever the guests send elsewhere goes into the tunnel to the edge. The edge
+sends each guest /32 down the tunnel of the host that holds the VM now (`edge.Edge`), and
+source-NATs what guests send outside. Interface names carry the host's name because
+wireguard-go's control sockets (/run/wireguard/<if>.sock) are not per network namespace.
+"""
+
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from .addresses import NetworkConfig
+from .edge import EdgeConfig, Peer
+from .errors import VmmgrError
+from .paths import Paths
+
+EDGE_NS, CLIENT_NS = "vmmgr-edge", "vmmgr-client"
+EDGE_BRIDGE_IP = "10.77.0.2"
+OUTSIDE_EDGE_IP, OUTSIDE_CLIENT_IP = "10.80.0.1", "10.80.0.2"
+TUNNEL = "10.79.0"
+POOL, GATEWAY = "10.78.0.0/24", "10.78.0.1"
+WG_PORT = 51820
+GUEST_TABLE = "100"  # guests' traffic that is not for a local guest: into the tunnel
+
+
+def hook_script() -> bytes:
+    return resources.files("vmmgr").joinpath("host_files/qemu-hook.sh").read_bytes()
+
+
+class LabNetwork:
+    def __init__(self, paths: Paths, bridge: str, log=lambda msg: None):
+        self.paths = paths
+        self.bridge = bridge  # the inter-host bridge in the root namespace
+        self.keys = paths.home / "wireguard"
+        self.log = log
+
+    def up(self, hosts: dict[str, tuple[str, str, int]]) -> None:
+        """hosts: name -> (namespace, inter-host IP, index). Idempotent."""
+        NetworkConfig(POOL, GATEWAY).save(self.paths)
+        if EDGE_NS not in _namespaces():
+            self._make_edge()
+        edge_key = self._key("edge")
+        _wg_interface(EDGE_NS, "wg-edge", f"{TUNNEL}.1/24", edge_key, listen=True)
+        _ns(EDGE_NS, "ip", "route", "replace", POOL, "dev", "wg-edge")
+        peers = {}
+        for name, (ns, ip, index) in hosts.items():
+            key = self._key(name)
+            tunnel_ip = f"{TUNNEL}.{10 + index}"
+            _wg_interface(ns, f"wg-{name}", f"{tunnel_ip}/24", key, listen=True)
+            _ns(ns, "wg", "set", f"wg-{name}", "peer", _pub(edge_key), "endpoint",
+                f"{EDGE_BRIDGE_IP}:{WG_PORT}", "allowed-ips", "0.0.0.0/0",
+                "persistent-keepalive", "25")
+            self._route_guests(ns, f"wg-{name}")
+            peers[name] = Peer(_pub(key), tunnel_ip, f"{ip}:{WG_PORT}")
+        config = EdgeConfig(namespace=EDGE_NS, interface="wg-edge", peers=peers)
+        config.save(self.paths)
+        for name, peer in peers.items():
+            _ns(EDGE_NS, "wg", "set", "wg-edge", "peer", peer.public_key, "endpoint",
+                peer.endpoint, "allowed-ips", f"{peer.tunnel_ip}/32")
+
+    def _make_edge(self) -> None:
+        self.log("starting the edge and the outside client")
+        for ns in (EDGE_NS, CLIENT_NS):
+            _run(["ip", "netns", "add", ns])
+            _ns(ns, "ip", "link", "set", "lo", "up")
+        _run(["ip", "link", "add", EDGE_NS, "type", "veth", "peer", "name", "eth0", "netns",
+              EDGE_NS])
+        _run(["ip", "link", "set", EDGE_NS, "master", self.bridge, "up"])
+        _ns(EDGE_NS, "ip", "addr", "add", f"{EDGE_BRIDGE_IP}/24", "dev", "eth0")
+        _ns(EDGE_NS, "ip", "link", "set", "eth0", "up")
+        _run(["ip", "-n", EDGE_NS, "link", "add", "out0", "type", "veth", "peer", "name",
+              "eth0", "netns", CLIENT_NS])
+        _ns(EDGE_NS, "ip", "addr", "add", f"{OUTSIDE_EDGE_IP}/24", "dev", "out0")
+        _ns(EDGE_NS, "ip", "link", "set", "out0", "up")
+        _ns(CLIENT_NS, "ip", "addr", "add", f"{OUTSIDE_CLIENT_IP}/24", "dev", "eth0")
+        _ns(CLIENT_NS, "ip", "link", "set", "eth0", "up")
+        # The outside knows the guests' addresses are behind the edge, nothing more.
+        _ns(CLIENT_NS, "ip", "route", "add", POOL, "via", OUTSIDE_EDGE_IP)
+        _ns(EDGE_NS, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        # Connections the guests open to the outside leave with the edge's address.
+        _ns(EDGE_NS, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", POOL, "-o", "out0",
+            "-j", "MASQUERADE")
+
+    def _route_guests(self, ns: str, wg_if: str) -> None:
+        _ns(ns, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        rules = _ns(ns, "ip", "rule", "show")
+        if f"from {POOL} lookup main suppress_prefixlength 0" not in rules:
+            # Local guests (their /32s in the main table) first, everything else to the edge.
+            _ns(ns, "ip", "rule", "add", "from", POOL, "lookup", "main",
+                "suppress_prefixlength", "0", "priority", "100")
+            _ns(ns, "ip", "rule", "add", "from", POOL, "lookup", GUEST_TABLE, "priority", "101")
+        _ns(ns, "ip", "route", "replace", "default", "dev", wg_if, "table", GUEST_TABLE)
+
+    def _key(self, name: str) -> Path:
+        """The private key file of `name`, made once, readable by root only."""
+        self.keys.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = self.keys / f"{name}.key"
+        if not path.exists():
+            key = _run(["wg", "genkey"]).strip()
+            path.touch(mode=0o600)
+            path.write_text(key + "\n")
+        return path
+
+    def remove_keys(self) -> None:
+        subprocess.run(["rm", "-rf", str(self.keys)], check=False)
+        self.paths.network_config.unlink(missing_ok=True)
+        EdgeConfig.remove(self.paths)
+        for sock in Path("/run/wireguard").glob("wg-*.sock"):
+            sock.unlink(missing_ok=True)
+
+
+def _wg_interface(ns: str, name: str, cidr: str, key: Path, listen: bool) -> None:
+    links = _ns(ns, "ip", "-o", "link", "show")
+    if f" {name}:" not in links:
+        # wireguard-go daemonizes; it lives in the namespace and dies with it (`lab down`). On
+        # Linux it refuses to run without this variable (it would rather see the kernel module).
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LOG_LEVEL": "error",
+               "WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD": "1"}
+        # Its output goes to a file, not a pipe: the daemon would hold a pipe open for ever.
+        with tempfile.TemporaryFile() as err:
+            proc = subprocess.run(["ip", "netns", "exec", ns, "wireguard-go", name], env=env,
+                                  stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=30)
+            if proc.returncode != 0:
+                err.seek(0)
+                raise VmmgrError(f"wireguard-go {name} in {ns}: {err.read().decode().strip()}")
+        _ns(ns, "ip", "addr", "add", cidr, "dev", name)
+    args = ["wg", "set", name, "private-key", str(key)]
+    if listen:
+        args += ["listen-port", str(WG_PORT)]
+    _ns(ns, *args)
+    _ns(ns, "ip", "link", "set", name, "up")
+
+
+def _pub(key: Path) -> str:
+    return subprocess.run(["wg", "pubkey"], input=key.read_text(), capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def _namespaces() -> list[str]:
+    return [line.split()[0] for line in _run(["ip", "netns", "list"]).splitlines() if line]
+
+
+def _ns(ns: str, *cmd: str) -> str:
+    return _run(["ip", "netns", "exec", ns, *cmd])
+
+
+def _run(cmd: list[str]) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise VmmgrError(f"{' '.join(cmd)}: {proc.stderr.strip()}")
+    return proc.stdout
