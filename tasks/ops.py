@@ -10,6 +10,8 @@ import time
 from dataclasses import asdict
 
 from vmmgr import migration, reclaim, suspend as suspension
+from vmmgr.addresses import pool_for
+from vmmgr.edge import Edge
 from vmmgr.errors import Conflict, HostUnreachable, NotFound, VmmgrError
 from vmmgr.fleet import Fleet
 from vmmgr.inventory import HostRecord
@@ -197,8 +199,10 @@ def reconcile(self) -> dict:
             resumed = reclaim.resume_parked(fleet, on_event=run.event,
                                             on_record=run.state.record)
             repaired = _repair_records(run, fleet)
+            rerouted = _repair_edge(run, fleet)
             _snapshot_hosts(run.state, fleet)
-            return {"resumed": [r.vm for r in resumed], "repaired": repaired}
+            return {"resumed": [r.vm for r in resumed], "repaired": repaired,
+                    "rerouted": rerouted}
     finally:
         fleet_state.release("fleet", "reconcile", self.request.id)
 
@@ -246,6 +250,25 @@ def _repair_records(run: Run, fleet: Fleet) -> list[str]:
             run.event(f"{vm}: record removed: libvirt knows no such VM", vm=vm, kind="repair")
             repaired.append(vm)
     return sorted(repaired)
+
+
+def _repair_edge(run: Run, fleet: Fleet) -> list[str]:
+    """Make the edge route every running VM's address to the host libvirt says holds it."""
+    edge, pool = Edge.load(fleet.paths), pool_for(fleet.paths)
+    if edge is None or pool is None:
+        return []
+    # A move under way routes its own VM at its switch-over; repairing around it could undo
+    # that. So: only when nothing moves (a VM lock, a host being emptied, a libvirt job).
+    if any(run.state.holder("vm", vm) for vm in pool.in_use().values()) or any(
+            h.record.state == "draining" or any(g.has_job() for g in h.guests())
+            for h in fleet.hosts()):
+        return []
+    where = {i.name: i.host for i in fleet.vms() if i.state == "running"}
+    placement = {ip: where[vm] for ip, vm in pool.in_use().items() if vm in where}
+    changed = edge.sync(placement)
+    for host in changed:
+        run.event(f"edge routes to {host} repaired", host=host, kind="repair")
+    return changed
 
 
 def _snapshot_hosts(fleet_state: FleetState, fleet: Fleet) -> None:

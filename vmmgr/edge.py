@@ -11,6 +11,7 @@ how to run commands there (the lab: in its network namespace), and each host's p
 import fcntl
 import json
 import subprocess
+import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
@@ -104,8 +105,19 @@ class Edge:
                             if a.endswith("/32") and a != f"{peer.tunnel_ip}/32"}
         return routes
 
-    def status(self) -> str:
-        return self._wg("show", self.config.interface)
+    def peers(self) -> list[dict]:
+        """Each host's tunnel: endpoint, last handshake, the VM addresses routed down it."""
+        handshakes = {}
+        for line in self._wg("show", self.config.interface, "latest-handshakes").splitlines():
+            key, _, when = line.partition("\t")
+            handshakes[key] = int(when or 0)
+        routes = self.routes_by_host()
+        now = time.time()
+        return [{"host": h, "endpoint": p.endpoint, "tunnel_ip": p.tunnel_ip,
+                 "handshake": f"{int(now - handshakes[p.public_key])} s ago"
+                 if handshakes.get(p.public_key) else "never",
+                 "addresses": sorted(routes.get(h, ()))}
+                for h, p in sorted(self.config.peers.items())]
 
     def _set_allowed(self, peer: Peer, ips: set[str]) -> None:
         allowed = ",".join([f"{peer.tunnel_ip}/32"] + [f"{ip}/32" for ip in sorted(ips)])

@@ -1,5 +1,8 @@
 """A thin wrapper over one host's libvirt connection."""
 
+import itertools
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import libvirt
@@ -34,6 +37,11 @@ class Host:
     def __init__(self, record: HostRecord):
         self.record = record
         self._conn: libvirt.virConnect | None = None
+        # libvirt takes one lifecycle callback per connection: it fans out to the listeners.
+        self._listeners: dict[int, tuple[str, Callable]] = {}
+        self._listener_ids = itertools.count()
+        self._lifecycle_cb: int | None = None
+        self._listen_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<Host {self.name} {self.uri}>"
@@ -58,7 +66,32 @@ class Host:
                 self._conn = libvirt.open(self.uri)
         return self._conn
 
+    def watch_lifecycle(self, vm: str, callback: Callable[[int, int], None]) -> int:
+        """Call `callback(event, detail)` on each lifecycle event of `vm` here; returns a token
+        for `unwatch`. Runs in libvirt's event thread: keep it short."""
+        with self._listen_lock:
+            if self._lifecycle_cb is None:
+                with translated(f"watch events on {self.name}"):
+                    self._lifecycle_cb = self.conn.domainEventRegisterAny(
+                        None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE, self._dispatch, None)
+            token = next(self._listener_ids)
+            self._listeners[token] = (vm, callback)
+            return token
+
+    def unwatch(self, token: int) -> None:
+        with self._listen_lock:
+            self._listeners.pop(token, None)
+
+    def _dispatch(self, conn, dom, event: int, detail: int, opaque) -> None:
+        name = dom.name()
+        with self._listen_lock:
+            wanted = [cb for vm, cb in self._listeners.values() if vm == name]
+        for callback in wanted:
+            callback(event, detail)
+
     def close(self) -> None:
+        self._lifecycle_cb = None
+        self._listeners.clear()
         if self._conn is not None:
             try:
                 self._conn.close()

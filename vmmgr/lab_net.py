@@ -120,23 +120,32 @@ class LabNetwork:
 def _wg_interface(ns: str, name: str, cidr: str, key: Path, listen: bool) -> None:
     links = _ns(ns, "ip", "-o", "link", "show")
     if f" {name}:" not in links:
-        # wireguard-go daemonizes; it lives in the namespace and dies with it (`lab down`). On
-        # Linux it refuses to run without this variable (it would rather see the kernel module).
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LOG_LEVEL": "error",
-               "WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD": "1"}
-        # Its output goes to a file, not a pipe: the daemon would hold a pipe open for ever.
-        with tempfile.TemporaryFile() as err:
-            proc = subprocess.run(["ip", "netns", "exec", ns, "wireguard-go", name], env=env,
-                                  stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=30)
-            if proc.returncode != 0:
-                err.seek(0)
-                raise VmmgrError(f"wireguard-go {name} in {ns}: {err.read().decode().strip()}")
+        _make_wg_link(ns, name)
         _ns(ns, "ip", "addr", "add", cidr, "dev", name)
     args = ["wg", "set", name, "private-key", str(key)]
     if listen:
         args += ["listen-port", str(WG_PORT)]
     _ns(ns, *args)
     _ns(ns, "ip", "link", "set", name, "up")
+
+
+def _make_wg_link(ns: str, name: str) -> None:
+    """The kernel's WireGuard where the kernel has it, wireguard-go otherwise (this lab)."""
+    kernel = subprocess.run(["ip", "-n", ns, "link", "add", name, "type", "wireguard"],
+                            capture_output=True, stdin=subprocess.DEVNULL)
+    if kernel.returncode == 0:
+        return
+    # wireguard-go daemonizes; it lives in the namespace and dies with it (`lab down`). On
+    # Linux it refuses to run without this variable (it would rather see the kernel module).
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LOG_LEVEL": "error",
+           "WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD": "1"}
+    # Its output goes to a file, not a pipe: the daemon would hold a pipe open for ever.
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.run(["ip", "netns", "exec", ns, "wireguard-go", name], env=env,
+                              stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=30)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise VmmgrError(f"wireguard-go {name} in {ns}: {err.read().decode().strip()}")
 
 
 def _pub(key: Path) -> str:

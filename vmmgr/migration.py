@@ -224,7 +224,7 @@ class _Migration:
             error = self._migrate(params, flags, watch)
         finally:
             if switch is not None:
-                self.dest.conn.domainEventDeregisterAny(switch)
+                self.dest.unwatch(switch)
         wall_ms = int((time.monotonic() - t0) * 1000)
         if error is not None:
             if self.routed:  # it resumed on the target, then failed: its address goes back
@@ -238,9 +238,8 @@ class _Migration:
     def _follow_switchover(self, address: str) -> int:
         """Move the VM's address at the edge the moment the VM resumes on the target: libvirt's
         lifecycle event, not a poll after the fact (TCP would back off meanwhile)."""
-        def on_lifecycle(conn, dom, event, detail, opaque) -> None:
-            if (event == libvirt.VIR_DOMAIN_EVENT_RESUMED and dom.name() == self.guest.name
-                    and not self.routed):
+        def on_lifecycle(event: int, detail: int) -> None:
+            if event == libvirt.VIR_DOMAIN_EVENT_RESUMED and not self.routed:
                 self.routed = True
                 try:
                     self.fleet.route_address(address, self.target)
@@ -248,9 +247,7 @@ class _Migration:
                 except VmmgrError as err:
                     self._event(f"could not route {address} to {self.target}: {err}")
 
-        with translated(f"watch events on {self.target}"):
-            return self.dest.conn.domainEventRegisterAny(
-                None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE, on_lifecycle, None)
+        return self.dest.watch_lifecycle(self.guest.name, on_lifecycle)
 
     def _migrate(self, params: dict, flags: int, watch: pol.Watch) -> libvirt.libvirtError | None:
         error = self._call_and_monitor(params, flags, watch)

@@ -20,8 +20,8 @@ def lab_leftovers() -> list[str]:
             .stdout.splitlines() if l.startswith("vmmgr-")]
     out += [l for l in subprocess.run(["ip", "-o", "link", "show"], capture_output=True,
                                       text=True).stdout.splitlines() if ": vmmgr-" in l]
-    for name in ("libvirtd", "qemu-system-x86"):
-        for line in subprocess.run(["pgrep", "-a", name], capture_output=True, text=True).stdout.splitlines():
+    for name in ("libvirtd", "qemu-system-x86", "wireguard-go", "redis-server", "celery"):
+        for line in subprocess.run(["pgrep", "-af", name], capture_output=True, text=True).stdout.splitlines():
             if not is_zombie(int(line.split()[0])):  # dead, waiting for PID 1 to reap it
                 out.append(line)
     return out
@@ -60,7 +60,7 @@ def test_lab_up_status_repair_and_down(small_lab, paths):
             conn.close()
         link = subprocess.run(["ip", "-n", f"vmmgr-{r.name}", "-o", "addr", "show", GUEST_BRIDGE],
                               capture_output=True, text=True, check=True).stdout
-        assert "10.78.0.1/24" in link
+        assert "10.78.0.1/32" in link
         mac = subprocess.run(["ip", "-n", f"vmmgr-{r.name}", "-o", "link", "show", GUEST_BRIDGE],
                              capture_output=True, text=True, check=True).stdout
         assert GUEST_GATEWAY_MAC in mac

@@ -7,6 +7,8 @@ from dataclasses import asdict
 import click
 
 from .. import admission, console, display, suspend as suspension, workloads
+from ..addresses import pool_for
+from ..edge import Edge
 from ..errors import InvalidRequest, VmmgrError
 from ..fleet import Fleet, VMInfo
 from ..images import ensure_builtin
@@ -118,6 +120,7 @@ def vm_show(paths: Paths, name: str, as_json: bool) -> None:
             info = {"name": g.name, "uuid": g.uuid, "host": g.host_name, "state": g.state(),
                     "memory_mib": g.memory_mib(), "vcpus": g.vcpus(), "workload": g.workload()}
         info["console_hosts"] = console.hosts_seen(paths.consoles, name)
+        info |= _network_path(paths, name)
     migrations = []
     if paths.redis_url():
         fleet_state = FleetState(paths.redis_url())
@@ -137,6 +140,17 @@ def vm_show(paths: Paths, name: str, as_json: bool) -> None:
               f"{m['downtime_ms']} ms" if m.get("downtime_ms") is not None else "-",
               f"{m['total_ms']} ms" if m["status"] == "completed" else m.get("error", "")]
              for m in migrations[-10:]]))
+
+
+def _network_path(paths: Paths, vm: str) -> dict:
+    """The VM's stable address and the way traffic reaches it: edge -> the host it is routed to."""
+    pool = pool_for(paths)
+    address = pool.address_of(vm) if pool else None
+    if not address:
+        return {"address": "-"}
+    edge = Edge.load(paths)
+    routed = edge.routes().get(address) if edge else None
+    return {"address": address, "path": f"edge -> {routed}" if routed else "not routed"}
 
 
 @vm.command("console")

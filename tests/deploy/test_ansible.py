@@ -1,0 +1,217 @@
+"""The Ansible playbooks: lint at the production profile, syntax, and a real apply.
+
+The apply runs `site.yml` against two Debian 12 trees made with debootstrap (a KVM host that is
+also the control node, and an edge), reached with the chroot connection. Services are not
+started there (there is no init to talk to), everything else is real: packages installed with
+apt, files rendered from the inventory, units enabled, keys generated. A second run must report
+no change.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ANSIBLE_DIR = ROOT / "ansible"
+BIN = Path(sys.executable).parent
+BASE = Path("/var/cache/vmmgr-test/bookworm-base")  # debootstrap once per machine
+MIRROR = "http://deb.debian.org/debian"
+# What this machine needs to reach the package registries (pip's local wheel sources and
+# settings, the CA bundle that may hold a proxy's CA) reaches into the trees too, if present.
+HOST_PIP = [Path("/opt/wheels"), Path("/opt/pypi"), Path("/opt/pypi-more"), Path("/etc/xdg/pip"),
+            Path("/etc/pip.conf"), Path("/etc/ssl/certs/ca-certificates.crt")]
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+def test_lint_is_clean_at_the_production_profile():
+    proc = run([str(BIN / "ansible-lint"), "--profile", "production", "--nocolor"],
+               cwd=ANSIBLE_DIR, env=os.environ | {"PATH": f"{BIN}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_playbook_passes_the_syntax_check():
+    for playbook in sorted(ANSIBLE_DIR.glob("*.yml")):
+        proc = run([str(BIN / "ansible-playbook"), "--syntax-check", playbook.name],
+                   cwd=ANSIBLE_DIR)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_lab_settings_never_reach_production():
+    text = "\n".join(p.read_text() for p in ANSIBLE_DIR.rglob("*") if p.is_file())
+    assert "listen_tcp = 1" not in text and 'auth_tcp = "none"' not in text
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.fail("the apply test runs as root (debootstrap, chroot)")
+    if not (BASE / "usr/bin/python3").exists():
+        shutil.rmtree(BASE, ignore_errors=True)
+        BASE.parent.mkdir(parents=True, exist_ok=True)
+        proc = run(["debootstrap", "--variant=minbase", "--include=python3,ca-certificates",
+                    "bookworm", str(BASE), MIRROR])
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    root = tmp_path_factory.mktemp("targets")
+    made, mounts = {}, []
+    try:
+        for name in ("host1", "edge1"):
+            tree = root / name
+            assert run(["cp", "-a", str(BASE), str(tree)]).returncode == 0
+            shutil.copy("/etc/resolv.conf", tree / "etc/resolv.conf")
+            policy = tree / "usr/sbin/policy-rc.d"  # packages' scripts start no services here
+            policy.write_text("#!/bin/sh\nexit 101\n")
+            policy.chmod(0o755)
+            mounts.append(_mount(["-t", "proc", "proc"], tree / "proc"))
+            for src in HOST_PIP:
+                if src.exists():
+                    mounts.append(_mount(["--bind", "-o", "ro"] if src.is_dir() else ["--bind"],
+                                         tree / src.relative_to("/"), src))
+            made[name] = tree
+        yield made
+    finally:
+        for target in reversed(mounts):
+            subprocess.run(["umount", "-l", str(target)], check=False)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _mount(opts, target: Path, src: Path | None = None) -> Path:
+    if src is not None and src.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.touch()
+    else:
+        target.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", *opts, *([str(src)] if src else []), str(target)], check=True)
+    return target
+
+
+def _pki(d: Path) -> None:
+    d.mkdir(parents=True)
+    ssl = ["openssl"]
+    run(ssl + ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+               "/CN=vmmgr test CA", "-keyout", str(d / "ca-key.pem"), "-out",
+               str(d / "cacert.pem")], check=True)
+    for host in ("host1", "edge1"):
+        run(ssl + ["req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={host}", "-keyout",
+                   str(d / f"{host}-key.pem"), "-out", str(d / f"{host}.csr")], check=True)
+        run(ssl + ["x509", "-req", "-in", str(d / f"{host}.csr"), "-CA", str(d / "cacert.pem"),
+                   "-CAkey", str(d / "ca-key.pem"), "-CAcreateserial", "-days", "2", "-out",
+                   str(d / f"{host}-cert.pem")], check=True)
+
+
+def _inventory(path: Path, trees: dict, pki: Path, wheel: str) -> None:
+    """The example's group_vars with this test's few changes, and the two trees as hosts."""
+    group_vars = yaml.safe_load((ANSIBLE_DIR / "inventory/example/group_vars/all.yml").read_text())
+    group_vars |= {
+        "ansible_connection": "community.general.chroot",
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "vmmgr_manage_services": False, "vmmgr_storage_mount_now": False,
+        "vmmgr_package": wheel,
+        "vmmgr_tls_ca_cert": str(pki / "cacert.pem"),
+        "vmmgr_tls_cert": str(pki / "{{ inventory_hostname }}-cert.pem"),
+        "vmmgr_tls_key": str(pki / "{{ inventory_hostname }}-key.pem"),
+    }
+    (path.parent / "group_vars").mkdir()
+    (path.parent / "group_vars" / "all.yml").write_text(json.dumps(group_vars))
+    inventory = {"all": {
+        "children": {
+            "kvm_hosts": {"hosts": {"host1": {"ansible_host": str(trees["host1"]),
+                                              "vmmgr_address": "192.0.2.11",
+                                              "vmmgr_wg_address": "10.79.0.11"}}},
+            "control": {"hosts": {"host1": {}}},
+            "edge": {"hosts": {"edge1": {"ansible_host": str(trees["edge1"]),
+                                         "vmmgr_address": "192.0.2.1",
+                                         "vmmgr_wg_address": "10.79.0.1",
+                                         "vmmgr_edge_outside_interface": "eth1"}}},
+        }}}
+    path.write_text(json.dumps(inventory))
+
+
+def _play(inventory: Path) -> subprocess.CompletedProcess:
+    return run([str(BIN / "ansible-playbook"), "-i", str(inventory), "site.yml"],
+               cwd=ANSIBLE_DIR,
+               env=os.environ | {"ANSIBLE_NOCOLOR": "1", "PATH": f"{BIN}:{os.environ['PATH']}"},
+               timeout=1800)
+
+
+def _recap(out: str) -> dict[str, dict[str, int]]:
+    recap = {}
+    for host, fields in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", out, re.M):
+        recap[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", fields)}
+    return recap
+
+
+@pytest.mark.timeout(2400)  # two runs of apt and pip into fresh trees
+def test_site_yml_sets_up_a_host_and_an_edge_and_a_second_run_changes_nothing(trees, tmp_path):
+    pki = tmp_path / "pki"
+    _pki(pki)
+    wheel_dir = trees["host1"] / "tmp/wheels"
+    proc = run([str(BIN / "pip"), "wheel", "--no-deps", "-q", "-w", str(wheel_dir), str(ROOT)])
+    assert proc.returncode == 0, proc.stderr
+    wheel = "/tmp/wheels/" + next(wheel_dir.glob("vmmgr-*.whl")).name
+    (tmp_path / "inventory").mkdir()
+    inventory = tmp_path / "inventory" / "hosts.json"
+    _inventory(inventory, trees, pki, wheel)
+
+    first = _play(inventory)
+    assert first.returncode == 0, first.stdout[-6000:] + first.stderr[-3000:]
+    host, edge = trees["host1"], trees["edge1"]
+
+    # Packages present.
+    for tree, packages in ((host, ["libvirt-daemon-system", "qemu-system-x86",
+                                   "wireguard-tools", "redis-server"]),
+                           (edge, ["wireguard-tools", "nftables"])):
+        for p in packages:
+            assert run(["chroot", str(tree), "dpkg-query", "-W", "-f=${Status}", p]).stdout \
+                == "install ok installed", p
+
+    # Files rendered with the inventory's values; TLS only.
+    libvirtd = (host / "etc/libvirt/libvirtd.conf").read_text()
+    assert "listen_tls = 1" in libvirtd and "listen_tcp = 0" in libvirtd
+    qemu = (host / "etc/libvirt/qemu.conf").read_text()
+    assert "migrate_tls_force = 1" in qemu and 'migration_host = "192.0.2.11"' in qemu
+    assert (host / "etc/pki/libvirt/private/serverkey.pem").stat().st_mode & 0o777 == 0o600
+    assert os.access(host / "etc/libvirt/hooks/qemu", os.X_OK)
+    assert "VMMGR_HOST=host1" in (host / "etc/vmmgr/vmmgr.env").read_text()
+    assert "nfs.example.net:/export/vmmgr" in (host / "etc/fstab").read_text()
+    assert "bind 127.0.0.1 192.0.2.11" in (host / "etc/redis/redis.conf").read_text()
+    assert "10.78.0.0/24" in (edge / "etc/nftables.conf").read_text()
+
+    # WireGuard: each side has its own root-only key and the other's public key.
+    def pub(tree):
+        key = (tree / "etc/wireguard/private.key")
+        assert key.stat().st_mode & 0o777 == 0o600
+        return run(["wg", "pubkey"], input=key.read_text()).stdout.strip()
+
+    host_conf = (host / "etc/wireguard/wg0.conf").read_text()
+    edge_conf = (edge / "etc/wireguard/wg0.conf").read_text()
+    assert f"PublicKey = {pub(edge)}" in host_conf and "Endpoint = 192.0.2.1:51820" in host_conf
+    assert f"PublicKey = {pub(host)}" in edge_conf and "AllowedIPs = 10.79.0.11/32" in edge_conf
+    assert "PrivateKey" not in host_conf + edge_conf
+
+    # Units enabled.
+    wants = host / "etc/systemd/system/multi-user.target.wants"
+    for unit in ("vmmgr-worker.service", "vmmgr-beat.service", "wg-quick@wg0.service",
+                 "redis-server.service"):
+        assert (wants / unit).exists(), unit
+    assert (edge / "etc/systemd/system/multi-user.target.wants/nftables.service").exists()
+    assert list((host / "etc/systemd/system").rglob("libvirtd-tls.socket"))
+
+    # The worker's virtualenv really holds vmmgr and its task API.
+    proc = run(["chroot", str(host), "/opt/vmmgr/venv/bin/python", "-c",
+                "import vmmgr.fleet, tasks.ops"])
+    assert proc.returncode == 0, proc.stderr
+
+    second = _play(inventory)
+    assert second.returncode == 0, second.stdout[-4000:]
+    recap = _recap(second.stdout)
+    assert recap["host1"]["changed"] == 0 and recap["edge1"]["changed"] == 0, second.stdout[-4000:]
