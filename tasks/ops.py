@@ -259,10 +259,13 @@ def _repair_edge(run: Run, fleet: Fleet) -> list[str]:
         return []
     # A move under way routes its own VM at its switch-over; repairing around it could undo
     # that. So: only when nothing moves (a VM lock, a host being emptied, a libvirt job).
-    if any(run.state.holder("vm", vm) for vm in pool.in_use().values()) or any(
-            h.record.state == "draining" or any(g.has_job() for g in h.guests())
-            for h in fleet.hosts()):
-        return []
+    try:
+        if any(run.state.holder("vm", vm) for vm in pool.in_use().values()) or any(
+                h.record.state == "draining" or any(g.has_job() for g in h.guests())
+                for h in fleet.hosts()):
+            return []
+    except VmmgrError:
+        return []  # a host does not answer: its VMs' routes stay as they are
     where = {i.name: i.host for i in fleet.vms() if i.state == "running"}
     placement = {ip: where[vm] for ip, vm in pool.in_use().items() if vm in where}
     changed = edge.sync(placement)

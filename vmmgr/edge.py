@@ -5,7 +5,10 @@ WireGuard routes by AllowedIPs: giving an address to one peer takes it from any 
 on its new host (the migration engine calls `route` from libvirt's lifecycle event).
 
 The edge is described by `$VMMGR_HOME/edge.json` (`lab up` writes it): its WireGuard interface,
-how to run commands there (the lab: in its network namespace), and each host's peer.
+the command prefix that runs a command there, and each host's peer. The lab's prefix enters the
+edge's network namespace (`ip netns exec vmmgr-edge`); a real edge is reached the same way over
+SSH (`["ssh", "-o", "BatchMode=yes", "-o", "ControlMaster=auto", "-o", "ControlPersist=600",
+"root@edge1"]`: the kept-open connection makes a route change one round trip).
 """
 
 import fcntl
@@ -28,7 +31,7 @@ class Peer:
 
 @dataclass(frozen=True)
 class EdgeConfig:
-    namespace: str
+    command: list[str]  # prefix that runs a command on the edge
     interface: str
     peers: dict[str, Peer] = field(default_factory=dict)
 
@@ -42,7 +45,7 @@ class EdgeConfig:
             data = json.loads(cls.path(paths).read_text())
         except FileNotFoundError:
             return None
-        return cls(data["namespace"], data["interface"],
+        return cls(data["command"], data["interface"],
                    {h: Peer(**p) for h, p in data["peers"].items()})
 
     def save(self, paths: Paths) -> None:
@@ -130,7 +133,7 @@ class Edge:
             raise VmmgrError(f"the edge has no tunnel to host {host!r}") from None
 
     def _wg(self, *args: str) -> str:
-        cmd = ["ip", "netns", "exec", self.config.namespace, "wg", *args]
+        cmd = [*self.config.command, "wg", *args]
         proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
             raise VmmgrError(f"edge: wg {' '.join(args)}: {proc.stderr.strip()}")

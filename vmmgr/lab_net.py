@@ -60,7 +60,8 @@ class LabNetwork:
                 "persistent-keepalive", "25")
             self._route_guests(ns, f"wg-{name}")
             peers[name] = Peer(_pub(key), tunnel_ip, f"{ip}:{WG_PORT}")
-        config = EdgeConfig(namespace=EDGE_NS, interface="wg-edge", peers=peers)
+        config = EdgeConfig(command=["ip", "netns", "exec", EDGE_NS], interface="wg-edge",
+                            peers=peers)
         config.save(self.paths)
         for name, peer in peers.items():
             _ns(EDGE_NS, "wg", "set", "wg-edge", "peer", peer.public_key, "endpoint",

@@ -21,8 +21,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = ROOT / "ansible"
 BIN = Path(sys.executable).parent
-BASE = Path("/var/cache/vmmgr-test/bookworm-base")  # debootstrap once per machine
+# A Debian 12 server's base (with systemd, as a real host has), debootstrapped once per machine.
+BASE_PACKAGES = "python3,ca-certificates,systemd"
+BASE = Path(f"/var/cache/vmmgr-test/bookworm-{BASE_PACKAGES.replace(',', '-')}")
 MIRROR = "http://deb.debian.org/debian"
+ARTIFACTS = ROOT / "tests" / "artifacts"  # the playbook runs' output, kept for reading
 # What this machine needs to reach the package registries (pip's local wheel sources and
 # settings, the CA bundle that may hold a proxy's CA) reaches into the trees too, if present.
 HOST_PIP = [Path("/opt/wheels"), Path("/opt/pypi"), Path("/opt/pypi-more"), Path("/etc/xdg/pip"),
@@ -58,7 +61,7 @@ def trees(tmp_path_factory):
     if not (BASE / "usr/bin/python3").exists():
         shutil.rmtree(BASE, ignore_errors=True)
         BASE.parent.mkdir(parents=True, exist_ok=True)
-        proc = run(["debootstrap", "--variant=minbase", "--include=python3,ca-certificates",
+        proc = run(["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}",
                     "bookworm", str(BASE), MIRROR])
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     root = tmp_path_factory.mktemp("targets")
@@ -143,6 +146,12 @@ def _play(inventory: Path) -> subprocess.CompletedProcess:
                timeout=1800)
 
 
+def _unit_file(tree: Path, link: Path) -> Path:
+    """Where an enablement link points, inside the tree (links may be absolute or relative)."""
+    target = os.readlink(link)
+    return tree / target.lstrip("/") if target.startswith("/") else link.parent / target
+
+
 def _recap(out: str) -> dict[str, dict[str, int]]:
     recap = {}
     for host, fields in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", out, re.M):
@@ -163,6 +172,8 @@ def test_site_yml_sets_up_a_host_and_an_edge_and_a_second_run_changes_nothing(tr
     _inventory(inventory, trees, pki, wheel)
 
     first = _play(inventory)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "site-first-run.log").write_text(first.stdout + first.stderr)
     assert first.returncode == 0, first.stdout[-6000:] + first.stderr[-3000:]
     host, edge = trees["host1"], trees["edge1"]
 
@@ -198,13 +209,28 @@ def test_site_yml_sets_up_a_host_and_an_edge_and_a_second_run_changes_nothing(tr
     assert f"PublicKey = {pub(host)}" in edge_conf and "AllowedIPs = 10.79.0.11/32" in edge_conf
     assert "PrivateKey" not in host_conf + edge_conf
 
-    # Units enabled.
-    wants = host / "etc/systemd/system/multi-user.target.wants"
+    # Where vmmgr finds the edge: its tunnels' public keys, reached over SSH.
+    edge_json = json.loads((host / "var/lib/vmmgr/edge.json").read_text())
+    assert edge_json["peers"]["host1"] == {"public_key": pub(host), "tunnel_ip": "10.79.0.11",
+                                           "endpoint": "192.0.2.11:51820"}
+    assert edge_json["command"][0] == "ssh" and edge_json["command"][-1] == "root@192.0.2.1"
+    assert json.loads((host / "var/lib/vmmgr/network.json").read_text()) == {
+        "pool": "10.78.0.0/24", "gateway": "10.78.0.1", "bridge": "br-guest"}
+
+    # Units enabled: systemctl's links inside the tree, pointing at unit files inside it.
+    def enabled(tree, unit):  # wanted by whatever target its [Install] names
+        # (A literal last component in glob() would skip links dangling outside the tree.)
+        links = [p for p in (tree / "etc/systemd/system").glob("*.wants/*") if p.name == unit]
+        return bool(links) and all(_unit_file(tree, link).is_file() for link in links)
+
+    def wants(tree):
+        return sorted(str(p.relative_to(tree)) for p in (tree / "etc/systemd/system").glob("*.wants/*"))
+
     for unit in ("vmmgr-worker.service", "vmmgr-beat.service", "wg-quick@wg0.service",
-                 "redis-server.service"):
-        assert (wants / unit).exists(), unit
-    assert (edge / "etc/systemd/system/multi-user.target.wants/nftables.service").exists()
-    assert list((host / "etc/systemd/system").rglob("libvirtd-tls.socket"))
+                 "redis-server.service", "systemd-networkd.service"):
+        assert enabled(host, unit), f"{unit} not enabled; links: {' '.join(wants(host))}"
+    assert enabled(host, "libvirtd-tls.socket")
+    assert enabled(edge, "nftables.service") and enabled(edge, "wg-quick@wg0.service"), wants(edge)
 
     # The worker's virtualenv really holds vmmgr and its task API.
     proc = run(["chroot", str(host), "/opt/vmmgr/venv/bin/python", "-c",
@@ -212,6 +238,7 @@ def test_site_yml_sets_up_a_host_and_an_edge_and_a_second_run_changes_nothing(tr
     assert proc.returncode == 0, proc.stderr
 
     second = _play(inventory)
+    (ARTIFACTS / "site-second-run.log").write_text(second.stdout + second.stderr)
     assert second.returncode == 0, second.stdout[-4000:]
     recap = _recap(second.stdout)
     assert recap["host1"]["changed"] == 0 and recap["edge1"]["changed"] == 0, second.stdout[-4000:]
