@@ -20,7 +20,6 @@ P = "vmmgr:"
 EVENTS_KEPT = 10_000
 TASKS_KEPT = 500
 MIGRATIONS_KEPT = 100  # attempts per VM
-VM_STATES = ("running", "migrating", "suspending", "suspended", "resuming", "paused", "shutoff")
 
 # Compare-and-act on a lock's owner in one step, so a late or duplicate worker never extends or
 # frees a lock that has since passed to someone else.
@@ -49,11 +48,10 @@ class FleetState:
 
     def events(self, count: int = 50, after: str = "-", vm: str | None = None) -> list[dict]:
         """Oldest first. `after` is an event id (exclusive) to read only what is new."""
-        start = "-" if after == "-" else f"({after}"
-        if after == "-":
+        if after == "-":  # the newest `count`, put back in order
             entries = list(reversed(self.r.xrevrange(P + "events", count=count)))
         else:
-            entries = self.r.xrange(P + "events", min=start, count=count)
+            entries = self.r.xrange(P + "events", min=f"({after}", count=count)
         out = [{"id": eid, **fields} for eid, fields in entries]
         return [e for e in out if vm is None or e.get("vm") == vm]
 

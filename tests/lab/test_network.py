@@ -7,13 +7,12 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from vmmgr.addresses import pool_for
 from vmmgr.images import stream_tool
 from vmmgr.lab_net import CLIENT_NS, OUTSIDE_CLIENT_IP, OUTSIDE_EDGE_IP
 
-from .conftest import cli, wait_ticks, where_defined
+from .conftest import cli, where_defined
 
 HERE = Path(__file__).parent
 RING = ["host2", "host3", "host1"]
