@@ -68,3 +68,9 @@ def use_broker(url: str) -> None:
     if app.conf.broker_url != url:
         app.conf.broker_url = url
         app.conf.result_backend = url
+        # Connections made for the old URL are cached: drop them (a process that switches is a
+        # test or a CLI call, never a worker).
+        app._pool = None
+        app.amqp._producer_pool = None
+        app._backend_cache = None
+        app._local.__dict__.pop("backend", None)

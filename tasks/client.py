@@ -32,7 +32,7 @@ def submit(paths: Paths, op: str, kwargs: dict, queue: str, lock: LockSpec | Non
         if lock:
             fleet_state.release(lock.kind, lock.name, task_id)
         raise
-    fleet_state.add_task(task_id, op, kwargs, queue)
+    fleet_state.add_task(task_id, op, kwargs, queue, lock.what if lock else op)
     return task_id
 
 

@@ -37,7 +37,8 @@ def create(self, spec: dict, host: str | None = None) -> dict:
     spec_obj = make_spec(spec["name"], memory_mib=spec["memory_mib"], vcpus=spec["vcpus"],
                          kernel=spec["kernel"], initrd=spec.get("initrd"),
                          cmdline=spec["cmdline"], image_root=paths.images,
-                         workload=spec.get("workload", ""))
+                         workload=spec.get("workload", ""), gpu_model=spec.get("gpu_model", ""),
+                         gpu_count=spec.get("gpu_count", 0))
     vm = spec_obj.name
     with Run(self, LockSpec("vm", vm, f"create {vm}")) as run, Fleet(paths) as fleet:
         existing = fleet.find(vm)
@@ -45,7 +46,7 @@ def create(self, spec: dict, host: str | None = None) -> dict:
             return {"vm": vm, "host": existing.host_name}  # the earlier run created it
         if host is None:
             host, refused = choose_host(fleet.active_capacities(), spec_obj.memory_mib,
-                                        spec_obj.vcpus)
+                                        spec_obj.vcpus, spec_obj.gpu_model, spec_obj.gpu_count)
             if host is None:
                 why = "; ".join(f"{h}: {r}" for h, r in refused.items()) or "no hosts"
                 raise Conflict(f"no host has room for {vm}: {why}")
@@ -91,7 +92,7 @@ def cancel(self, vm: str) -> dict:
 
 
 @operation("suspend")
-def suspend(self, vm: str) -> dict:
+def suspend(self, vm: str, mode: str | None = None) -> dict:
     with Run(self, LockSpec("vm", vm, f"suspend of {vm}")) as run, \
             Fleet(default_paths()) as fleet:
         done = suspension.find_suspended(fleet, vm)
@@ -100,12 +101,13 @@ def suspend(self, vm: str) -> dict:
         _settled(fleet, vm, run)
         run.state.record("suspending", vm, {})
         try:
-            record = suspension.suspend(fleet, vm)
+            record = suspension.suspend(fleet, vm, mode=mode)
         except VmmgrError:
             _record_truth(run.state, fleet, vm)
             raise
         run.state.record("suspended", vm, asdict(record))
-        run.event(f"{vm}: suspended from {record.from_host} ({record.save_ms} ms)")
+        how = "hibernated by its guest" if record.mode == "guest" else "suspended"
+        run.event(f"{vm}: {how} on {record.from_host} ({record.save_ms} ms)")
         return asdict(record)
 
 
@@ -170,7 +172,7 @@ def enable_host(self, host: str) -> dict:
 
 @operation("add_host")
 def add_host(self, record: dict) -> dict:
-    new = HostRecord(**record)
+    new = HostRecord.from_dict(record)
     with Run(self, LockSpec("host", new.name, f"add of {new.name}")) as run, \
             Fleet(default_paths()) as fleet:
         if run.rerun and new.name in {r.name for r in fleet.inventory.records()}:

@@ -5,6 +5,7 @@ may have changed meanwhile); these answer the caller without waiting for a worke
 
 from .errors import Conflict, InvalidRequest, NotFound
 from .fleet import Fleet, require_active, require_other_host
+from .migration import require_live_migratable
 from .placement import choose_host, refusal
 from .spec import VMSpec, validate_name
 
@@ -14,6 +15,7 @@ def migration(fleet: Fleet, vm: str, target: str) -> str:
     dest = fleet.host(target)
     guest = fleet.locate(vm)
     require_other_host(guest, target)
+    require_live_migratable(guest)
     require_active(dest)
     reason = refusal(dest.capacity(), guest.memory_mib(), guest.vcpus())
     if reason:
@@ -22,28 +24,34 @@ def migration(fleet: Fleet, vm: str, target: str) -> str:
 
 
 def creation(fleet: Fleet, spec: VMSpec, host: str | None) -> None:
-    if fleet.find(spec.name) is not None or fleet.is_suspended(spec.name):
-        raise Conflict(f"VM {spec.name!r} already exists")
+    room_for(fleet, spec.name, spec.memory_mib, spec.vcpus, host, spec.gpu_model, spec.gpu_count)
+
+
+def room_for(fleet: Fleet, name: str, memory_mib: int, vcpus: int, host: str | None,
+             gpu_model: str = "", gpu_count: int = 0) -> None:
+    """A new VM of this size fits on `host` (or anywhere when None), and its name is free."""
+    if fleet.find(name) is not None or fleet.is_suspended(name):
+        raise Conflict(f"VM {name!r} already exists")
     if host:
         target = fleet.host(host)
         require_active(target)
         cap = target.capacity()
-        if spec.memory_mib > cap.memory_mib:
-            raise InvalidRequest(f"{spec.memory_mib} MiB is more than host {host} offers "
+        if memory_mib > cap.memory_mib:
+            raise InvalidRequest(f"{memory_mib} MiB is more than host {host} offers "
                                  f"({cap.memory_mib} MiB)")
-        reason = refusal(cap, spec.memory_mib, spec.vcpus)
+        reason = refusal(cap, memory_mib, vcpus, gpu_model, gpu_count)
         if reason:
-            raise Conflict(f"host {host} has no room for {spec.name}: {reason}")
+            raise Conflict(f"host {host} has no room for {name}: {reason}")
         return
     caps = fleet.active_capacities()
     largest = max((c.memory_mib for c in caps.values()), default=0)
-    if caps and spec.memory_mib > largest:
-        raise InvalidRequest(f"{spec.memory_mib} MiB is more than any host offers "
+    if caps and memory_mib > largest:
+        raise InvalidRequest(f"{memory_mib} MiB is more than any host offers "
                              f"(the largest offers {largest} MiB)")
-    target, refused = choose_host(caps, spec.memory_mib, spec.vcpus)
+    target, refused = choose_host(caps, memory_mib, vcpus, gpu_model, gpu_count)
     if target is None:
         why = "; ".join(f"{h}: {r}" for h, r in refused.items()) or "no active hosts"
-        raise Conflict(f"no host has room for {spec.name}: {why}")
+        raise Conflict(f"no host has room for {name}: {why}")
 
 
 def running_vm(fleet: Fleet, vm: str) -> str:

@@ -39,3 +39,8 @@ class MigrationFailed(VmmgrError):
     """A migration did not complete. The VM is still running on its source."""
 
     exit_code = 6
+
+
+class HibernationFailed(MigrationFailed):
+    """The guest did not hibernate (its agent did not answer, or it did not power off in time).
+    The VM is still running where it was."""

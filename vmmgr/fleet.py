@@ -5,9 +5,10 @@ VMs happens here; moving them is `migration`'s job.
 """
 
 import shutil
+from pathlib import Path
 from dataclasses import dataclass, replace
 
-from . import console
+from . import console, devices
 from .addresses import NetworkConfig, pool_for
 from .edge import Edge
 from .errors import Conflict, HostUnreachable, InvalidRequest, NotFound, VmmgrError
@@ -29,6 +30,10 @@ class VMInfo:
     memory_mib: int
     vcpus: int
     workload: str
+    device_model: str = ""  # passed-through devices it holds (count of model)
+    device_count: int = 0
+    live: bool = True  # False: a device blocks live migration (see devices.live_migratable)
+    not_live_because: str = ""
 
 
 class Fleet:
@@ -114,8 +119,10 @@ class Fleet:
                 continue
             for g in guests:
                 if g.is_persistent():  # the transient twin of an incoming migration is not a VM
+                    live, why = g.live_migratable()
                     infos.append(
-                        VMInfo(g.name, host.name, g.state(), g.memory_mib(), g.vcpus(), g.workload())
+                        VMInfo(g.name, host.name, g.state(), g.memory_mib(), g.vcpus(),
+                               g.workload(), *g.device_needs(), live, "" if live else why)
                     )
         return sorted(infos, key=lambda i: i.name)
 
@@ -126,9 +133,13 @@ class Fleet:
             if self.find(spec.name) is not None or self.is_suspended(spec.name):
                 raise Conflict(f"VM {spec.name!r} already exists")
             require_active(host)
-            reason = refusal(host.capacity(), spec.memory_mib, spec.vcpus)
+            reason = refusal(host.capacity(), spec.memory_mib, spec.vcpus, spec.gpu_model,
+                             spec.gpu_count)
             if reason:
                 raise Conflict(f"host {host_name} has no room for {spec.name}: {reason}")
+            held = host.free_devices(spec.gpu_model)[:spec.gpu_count] if spec.gpu_count else []
+            if spec.gpu_count:
+                spec = replace(spec, swap_disk=str(self._make_swap_disk(spec)))
             pool = pool_for(self.paths)
             if pool is not None:
                 config = NetworkConfig.load(self.paths)
@@ -136,7 +147,8 @@ class Fleet:
             console.remove(self.paths.consoles, spec.name)
             path = console.next_segment(self.paths.consoles, spec.name, host_name)
             try:
-                guest = host.define(domain_xml(spec, accel=host.accel, console_path=path))
+                xml = domain_xml(spec, accel=host.accel, console_path=path)
+                guest = host.define(devices.assign(xml, held, host_name) if held else xml)
                 try:
                     guest.start()
                 except VmmgrError:
@@ -145,10 +157,24 @@ class Fleet:
             except VmmgrError:
                 if pool is not None:
                     pool.release(spec.name)
+                if spec.swap_disk:
+                    Path(spec.swap_disk).unlink(missing_ok=True)
                 raise
             if spec.address:
                 self.route_address(spec.address, host_name)
             return guest
+
+    def swap_disk_path(self, vm: str) -> Path:
+        return self.paths.storage / "disks" / f"{vm}-swap.img"
+
+    def _make_swap_disk(self, spec: VMSpec) -> Path:
+        """A sparse swap disk on shared storage, large enough for a hibernation image of all of
+        the VM's memory (the kernel compresses; this never runs short)."""
+        path = self.swap_disk_path(spec.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            f.truncate((spec.memory_mib + 64) * 1024 * 1024)
+        return path
 
     def route_address(self, address: str | None, host: str) -> None:
         """Point the edge at `host` for the VM's stable address (nothing without an edge)."""
@@ -174,6 +200,7 @@ class Fleet:
             if edge is not None and address:
                 edge.unroute(address)
             shutil.rmtree(self.paths.saves / vm, ignore_errors=True)
+            self.swap_disk_path(vm).unlink(missing_ok=True)
             console.remove(self.paths.consoles, vm)
             pool = pool_for(self.paths)
             if pool is not None:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import libvirt
 
+from . import devices
 from .libvirt_errors import translated
 from .render import XMLNS
 
@@ -86,6 +87,13 @@ class Guest:
     def workload(self) -> str:
         node = ET.fromstring(self.xml()).find(f"./metadata/{{{XMLNS}}}vm/{{{XMLNS}}}workload")
         return (node.text or "") if node is not None else ""
+
+    def device_needs(self) -> tuple[str, int]:
+        """(model, count) of the passed-through devices the VM asks for."""
+        return devices.wanted(self.xml())
+
+    def live_migratable(self) -> tuple[bool, str]:
+        return devices.live_migratable(self.xml())
 
     def start(self) -> None:
         with translated(f"start {self.name} on {self.host_name}"):

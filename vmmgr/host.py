@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import libvirt
 
+from . import devices
+from .devices import Device
 from .errors import NotFound
 from .guest import Guest
 from .inventory import HostRecord
@@ -23,6 +25,7 @@ class Capacity:
     used_memory_mib: int
     used_vcpus: int
     vms: tuple[str, ...]
+    free_devices: tuple[str, ...] = ()  # the model of each free passed-through device
 
     @property
     def free_memory_mib(self) -> int:
@@ -124,4 +127,15 @@ class Host:
             used_memory_mib=sum(g.memory_mib() for g in guests),
             used_vcpus=sum(g.vcpus() for g in guests),
             vms=tuple(sorted(g.name for g in guests)),
+            free_devices=tuple(d.model for d in self._free_devices(guests)),
         )
+
+    def free_devices(self, model: str) -> list[Device]:
+        """This host's devices of `model` that no VM defined here holds."""
+        return [d for d in self._free_devices(self.guests()) if d.model == model]
+
+    def _free_devices(self, guests: list[Guest]) -> list[Device]:
+        if not self.record.devices:
+            return []
+        held = {a for g in guests for a in devices.held(g.xml())}
+        return devices.free(self.record.devices, held)

@@ -21,7 +21,7 @@ from .errors import VmmgrError
 
 KERNEL_META_PACKAGE = "linux-image-cloud-amd64"
 BUSYBOX = Path("/bin/busybox")
-GUEST_PROGRAMS = ("dirtier", "stream")
+GUEST_PROGRAMS = ("dirtier", "stream", "qga")
 # In load order (init.sh loads them in this order too).
 GUEST_MODULES = (
     "virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci",

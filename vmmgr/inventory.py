@@ -9,6 +9,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from .devices import Device
 from .errors import Conflict, InvalidRequest, NotFound
 from .spec import validate_name
 
@@ -25,6 +26,11 @@ class HostRecord:
     vcpus: int = 0  # 0: the host's CPU count
     lab: bool = False  # made by `vmmgr lab up`, removed by `lab down`
     state: str = "active"  # "draining": takes no new VMs; "reclaimed": empty, out of service
+    devices: tuple[Device, ...] = ()  # passed-through devices (GPUs) VMs may ask for
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "HostRecord":
+        return cls(**data | {"devices": tuple(Device(**d) for d in data.get("devices", ()))})
 
 
 class Inventory:
@@ -35,7 +41,7 @@ class Inventory:
         if not self.path.exists():
             return []
         data = json.loads(self.path.read_text())
-        return [HostRecord(**h) for h in data.get("hosts", [])]
+        return [HostRecord.from_dict(h) for h in data.get("hosts", [])]
 
     def get(self, name: str) -> HostRecord:
         for record in self.records():

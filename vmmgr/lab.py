@@ -29,6 +29,7 @@ import libvirt
 from .errors import VmmgrError
 from .images import BuiltinImage, ensure_builtin
 from . import libvirt_errors  # noqa: F401  (keeps libvirt from printing errors we handle)
+from .devices import Device
 from .inventory import HostRecord, Inventory
 from .lab_net import LabNetwork, hook_script
 from .lab_services import Services
@@ -55,6 +56,15 @@ EMULATOR = "/usr/bin/qemu-system-x86_64"
 CAPS = "qemu/capabilities"  # libvirtd's probe of QEMU, 15-25 s on first start: shared between hosts
 FIRST_START_TIMEOUT = 30  # a start takes about 1 s; the first probe of QEMU up to 25 s
 READY_TIMEOUT = 90
+
+
+# The lab's stand-in GPUs: one on each of the first two hosts, none on the rest, so that a GPU VM
+# has somewhere to go and a second one, at times, nowhere (see devices.py for the stand-in).
+LAB_GPU_MODEL = "lab-gpu"
+
+
+def lab_devices(index: int) -> tuple[Device, ...]:
+    return (Device("0000:65:00.0", LAB_GPU_MODEL, "standin"),) if index < 2 else ()
 
 
 @dataclass(frozen=True)
@@ -127,8 +137,9 @@ class Lab:
                 self._wait_ready(h)
             _warm_host_capabilities(started)
             records = [
-                HostRecord(h.name, h.uri, accel, HOST_MEMORY_MIB, HOST_VCPUS, lab=True)
-                for h in self.running_hosts()
+                HostRecord(h.name, h.uri, accel, HOST_MEMORY_MIB, HOST_VCPUS, lab=True,
+                           devices=lab_devices(i))
+                for i, h in enumerate(self.running_hosts())
             ]
             inventory = Inventory(self.paths.inventory)
             for r in records:

@@ -163,10 +163,19 @@ def migrate(
         require_active(dest)
         if guest.state() != "running":
             raise Conflict(f"VM {vm!r} is {guest.state()}: only a running VM is live-migrated")
+        require_live_migratable(guest)
         reason = refusal(dest.capacity(), guest.memory_mib(), guest.vcpus())
         if reason:
             raise Conflict(f"host {target} has no room for {vm}: {reason}")
         return _Migration(fleet, guest, target, policy, on_progress, poll_interval).run()
+
+
+def require_live_migratable(guest) -> None:
+    """A VM whose devices cannot be migrated never enters a live migration."""
+    live, why = guest.live_migratable()
+    if not live:
+        raise Conflict(f"VM {guest.name!r} cannot be live-migrated: it {why}. It moves by guest "
+                       "hibernation: `vmmgr vm suspend --mode guest`, then `vmmgr vm resume`")
 
 
 def cancel(fleet: Fleet, vm: str) -> str:

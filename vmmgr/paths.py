@@ -52,6 +52,16 @@ class Paths:
         """Where `lab up` (or an operator) writes the Redis URL when $VMMGR_REDIS_URL is unset."""
         return self.home / "redis.url"
 
+    @property
+    def users(self) -> Path:
+        """The web console's users, their password hashes and API token hashes (mode 0600)."""
+        return self.home / "users.json"
+
+    @property
+    def web_secret(self) -> Path:
+        """The key that signs the web console's session cookies (mode 0600)."""
+        return self.home / "web-secret"
+
     def redis_url(self) -> str | None:
         """The task broker and fleet-state store, or None if none is configured."""
         url = os.environ.get("VMMGR_REDIS_URL")

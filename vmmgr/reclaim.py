@@ -16,9 +16,9 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
-from . import suspend
+from . import devices, suspend
 from .errors import VmmgrError
 from .fleet import Fleet
 from .guest import Guest
@@ -30,7 +30,7 @@ from .placement import choose_host
 @dataclass(frozen=True)
 class Step:
     vm: str
-    action: str  # "migrate", "suspend" or "wait"
+    action: str  # "migrate", "hibernate" (then resume on target), "suspend" or "wait"
     target: str | None
     reason: str
 
@@ -40,6 +40,9 @@ class VMSize:
     name: str
     memory_mib: int
     vcpus: int
+    device_model: str = ""
+    device_count: int = 0
+    live: bool = True  # False: a device blocks live migration; the VM moves by hibernating
 
 
 def plan_evacuation(vms: list[VMSize], capacities: dict[str, Capacity], deadline: bool) -> list[Step]:
@@ -50,12 +53,21 @@ def plan_evacuation(vms: list[VMSize], capacities: dict[str, Capacity], deadline
     room = dict(capacities)
     steps = []
     for vm in sorted(vms, key=lambda v: (-v.memory_mib, v.name)):
-        target, refused = choose_host(room, vm.memory_mib, vm.vcpus)
+        target, refused = choose_host(room, vm.memory_mib, vm.vcpus, vm.device_model,
+                                      vm.device_count)
         if target:
             cap = room[target]
+            free = list(cap.free_devices)
+            for _ in range(vm.device_count):
+                free.remove(vm.device_model)
             room[target] = replace(cap, used_memory_mib=cap.used_memory_mib + vm.memory_mib,
-                                   used_vcpus=cap.used_vcpus + vm.vcpus)
-            steps.append(Step(vm.name, "migrate", target, f"{target} has the most room"))
+                                   used_vcpus=cap.used_vcpus + vm.vcpus,
+                                   free_devices=tuple(free))
+            if vm.live:
+                steps.append(Step(vm.name, "migrate", target, f"{target} has the most room"))
+            else:
+                steps.append(Step(vm.name, "hibernate", target,
+                                  f"{target} has room and a free {vm.device_model}"))
         else:
             why = "; ".join(f"{h}: {r}" for h, r in refused.items()) or "no other active host"
             steps.append(Step(vm.name, "suspend" if deadline else "wait", None, f"no room ({why})"))
@@ -69,6 +81,7 @@ class EvacuationReport:
     suspended: list[str]
     failed: dict[str, str]
     seconds: float
+    hibernated: list[str] = field(default_factory=list)  # moved by guest hibernation
 
 
 Record = Callable[[str, str, dict], None]  # (kind, vm, details)
@@ -92,8 +105,9 @@ def evacuate(fleet: Fleet, host: str, deadline: bool, per_target: int = 2, paral
         # A job already running here (a migration or save an earlier, dead run started) ends
         # first: libvirt finishes it without its caller, and the plan must see where VMs ended up.
         _wait_for_jobs(source, on_event, timeout=wait_timeout)
-        vms = [VMSize(g.name, g.memory_mib(), g.vcpus()) for g in source.guests()
-               if g.is_persistent()]
+        vms = [VMSize(g.name, g.memory_mib(), g.vcpus(), *g.device_needs(),
+                      live=g.live_migratable()[0])
+               for g in source.guests() if g.is_persistent()]
         if not vms:
             break
         steps = plan_evacuation(vms, fleet.active_capacities(exclude=host), deadline)
@@ -130,13 +144,29 @@ def _guests_or_none(host: Host) -> list[Guest]:
 def _carry_out(fleet, steps, report, per_target, parallel, deadline, on_event, on_record) -> None:
     slots = {s.target: threading.Semaphore(per_target) for s in steps if s.target}
 
-    def park(vm: str, why: str) -> None:
+    def park(vm: str, why: str, mode: str | None = None) -> suspend.Suspended:
         on_event(f"{vm}: suspending, {why}")
         on_record("suspending", vm, {"reason": why})
-        record = suspend.suspend(fleet, vm, parked=True)
-        report.suspended.append(vm)
+        record = suspend.suspend(fleet, vm, parked=True, mode=mode)
         on_record("suspended", vm, asdict(record))
-        on_event(f"{vm}: suspended to disk, parked")
+        how = "hibernated by its guest" if record.mode == "guest" else "suspended to disk"
+        on_event(f"{vm}: {how}, parked")
+        return record
+
+    def hibernate_to(step: Step) -> None:
+        """Hibernate, then boot on the target; if that fails the VM stays parked, not lost."""
+        park(step.vm, f"moving to {step.target} by guest hibernation", mode="guest")
+        on_record("resuming", step.vm, {"target": step.target})
+        try:
+            resumed = suspend.resume(fleet, step.vm, step.target)
+        except VmmgrError as err:
+            on_record("resume_failed", step.vm, {"target": step.target, "error": str(err)})
+            report.suspended.append(step.vm)
+            on_event(f"{step.vm}: not resumed on {step.target} ({err}); stays parked")
+            return
+        on_record("resumed", step.vm, asdict(resumed))
+        report.hibernated.append(step.vm)
+        on_event(f"{step.vm}: resumed on {step.target} from its hibernation image")
 
     def run(step: Step) -> None:
         try:
@@ -153,14 +183,21 @@ def _carry_out(fleet, steps, report, per_target, parallel, deadline, on_event, o
                             "started_at": started, "ended_at": time.time()})
                         if not deadline:
                             raise
-                        # The host must be emptied: a VM that could not move is parked, not lost.
-                        park(step.vm, f"migration failed ({err})")
+                        # The host must be emptied: a VM that could not move is parked, not lost;
+                        # one whose device refused the migration hibernates (a save would fail too).
+                        blocked = devices.is_blocker_refusal(str(err))
+                        park(step.vm, f"migration failed ({err})", "guest" if blocked else None)
+                        report.suspended.append(step.vm)
                         return
                     report.migrated.append(step.vm)
                     on_record("migrated", step.vm, r.as_dict() | {"ended_at": time.time()})
                     on_event(f"{step.vm}: on {step.target} (blackout {r.downtime_ms} ms)")
+            elif step.action == "hibernate":
+                with slots[step.target]:
+                    hibernate_to(step)
             elif step.action == "suspend":
                 park(step.vm, step.reason)
+                report.suspended.append(step.vm)
         except VmmgrError as err:
             report.failed[step.vm] = str(err)
             on_event(f"{step.vm}: {err}")
@@ -184,7 +221,8 @@ def resume_parked(fleet: Fleet, on_event: Callable[[str], None] = _ignore,
     for record in suspend.suspended(fleet):
         if not record.parked:
             continue  # the operator suspended it: it waits for the operator
-        target, _ = choose_host(fleet.active_capacities(), record.memory_mib, record.vcpus)
+        target, _ = choose_host(fleet.active_capacities(), record.memory_mib, record.vcpus,
+                                record.device_model, record.device_count)
         if target is None:
             continue
         try:

@@ -30,6 +30,11 @@ class VMSpec:
     workload: str = ""  # the built-in workload's name, empty for a user kernel
     address: str = ""  # the stable address (`addresses`), empty without a network
     gateway: str = ""
+    # Passed-through devices (GPUs): `gpu_count` of model `gpu_model`. Such a VM moves by guest
+    # hibernation, so it gets a swap disk on shared storage (`swap_disk`) and a guest agent channel.
+    gpu_model: str = ""
+    gpu_count: int = 0
+    swap_disk: str = ""
     uuid: str = field(default_factory=lambda: str(uuidlib.uuid4()))
 
 
@@ -54,6 +59,16 @@ def validate_vcpus(vcpus: int) -> int:
     if not isinstance(vcpus, int) or not 1 <= vcpus <= MAX_VCPUS:
         raise InvalidRequest(f"invalid vCPU count {vcpus!r}: must be 1..{MAX_VCPUS}")
     return vcpus
+
+
+def validate_gpu(model: str, count: int) -> tuple[str, int]:
+    if not count and not model:
+        return "", 0
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 8:
+        raise InvalidRequest(f"invalid device count {count!r}: must be 1..8")
+    if not isinstance(model, str) or not NAME_RE.match(model):
+        raise InvalidRequest(f"invalid device model {model!r}")
+    return model, count
 
 
 def validate_cmdline(cmdline: str) -> str:
@@ -88,6 +103,8 @@ def make_spec(
     cmdline: str,
     image_root: Path,
     workload: str = "",
+    gpu_model: str = "",
+    gpu_count: int = 0,
 ) -> VMSpec:
     """Validate every field and build the spec; raises InvalidRequest naming the first bad one."""
     return VMSpec(
@@ -98,4 +115,6 @@ def make_spec(
         initrd=validate_image_path(initrd, image_root, "initrd") if initrd else None,
         cmdline=validate_cmdline(cmdline),
         workload=workload,
+        gpu_model=validate_gpu(gpu_model, gpu_count)[0],
+        gpu_count=gpu_count,
     )

@@ -120,10 +120,10 @@ class FleetState:
 
     # ---- tasks ----------------------------------------------------------------------------
 
-    def add_task(self, task_id: str, name: str, args: dict, queue: str) -> None:
+    def add_task(self, task_id: str, name: str, args: dict, queue: str, what: str = "") -> None:
         now = time.time()
         self.r.hset(P + f"task:{task_id}", mapping={
-            "id": task_id, "name": name, "args": json.dumps(args), "queue": queue,
+            "id": task_id, "name": name, "args": json.dumps(args), "queue": queue, "what": what,
             "submitted": f"{now:.3f}", "runs": 0})
         self.r.zadd(P + "tasks", {task_id: now})
         for old in self.r.zrange(P + "tasks", 0, -TASKS_KEPT - 1):

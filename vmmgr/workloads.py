@@ -37,13 +37,23 @@ WORKLOADS = {
 }
 
 
+def on_off(value: str) -> str:
+    if value not in ("on", "off"):
+        raise ValueError(f"{value!r} is not on or off")
+    return value
+
+
+# Taken by every workload: whether the guest agent runs (off: a guest that cannot hibernate).
+COMMON = {"agent": (on_off, "on")}
+
+
 def cmdline(workload: str, params: dict[str, str] | None = None) -> str:
     """The command line for a built-in workload, parameters checked against their types."""
     if workload not in WORKLOADS:
         raise InvalidRequest(
             f"unknown workload {workload!r} (built-in: {', '.join(sorted(WORKLOADS))})"
         )
-    known = WORKLOADS[workload]
+    known = WORKLOADS[workload] | COMMON
     words = [BASE_CMDLINE, f"vmmgr.workload={workload}"]
     for key, value in (params or {}).items():
         if key not in known:
@@ -51,8 +61,9 @@ def cmdline(workload: str, params: dict[str, str] | None = None) -> str:
         kind, _default = known[key]
         try:
             parsed = kind(value)
-        except ValueError:
-            raise InvalidRequest(f"{workload} parameter {key}={value!r} is not a {kind.__name__}") from None
+        except ValueError as err:
+            why = f"is not a {kind.__name__}" if kind in (int, float) else f"is wrong: {err}"
+            raise InvalidRequest(f"{workload} parameter {key}={value!r} {why}") from None
         if isinstance(parsed, (int, float)) and parsed < 0:
             raise InvalidRequest(f"{workload} parameter {key} must not be negative")
         words.append(f"vmmgr.{key}={parsed}")

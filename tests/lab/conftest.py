@@ -56,11 +56,11 @@ def make_vm(fleet, paths):
     made = []
     image = ensure_builtin(paths.images)
 
-    def make(name, host="host1", workload="counter", memory=128, **params):
+    def make(name, host="host1", workload="counter", memory=128, gpu="", **params):
         line = workloads.cmdline(workload, {k: str(v) for k, v in params.items()})
         spec = make_spec(name, memory_mib=memory, vcpus=1, kernel=image.kernel,
                          initrd=image.initrd, cmdline=line, image_root=paths.images,
-                         workload=workload)
+                         workload=workload, gpu_model=gpu, gpu_count=1 if gpu else 0)
         made.append(name)
         return fleet.create(spec, host)
 

@@ -47,7 +47,7 @@ def test_under_a_deadline_a_failed_move_is_parked_not_left_behind(mocker):
     mocker.patch.object(reclaim, "migrate", side_effect=MigrationFailed("link down"))
     parked = mocker.patch.object(
         reclaim.suspend, "suspend",
-        side_effect=lambda fleet, vm, parked: Suspended(vm, "h1", 128, 1, 0.0, 1, 1, parked))
+        side_effect=lambda fleet, vm, parked, mode: Suspended(vm, "h1", 128, 1, 0.0, 1, 1, parked))
     steps = [Step("a", "migrate", "h2", ""), Step("b", "suspend", None, "no room")]
 
     report = reclaim.EvacuationReport("h1", [], [], {}, 0.0)
@@ -69,3 +69,24 @@ def test_under_a_deadline_a_failed_move_is_parked_not_left_behind(mocker):
                        lambda *record: None)
     assert report.suspended == [] and report.failed == {"a": "link down"}
     parked.assert_not_called()
+
+
+def _cap(free_mib: int, gpus: tuple[str, ...] = ()) -> Capacity:
+    return Capacity(1024, 8, 1024 - free_mib, 0, (), gpus)
+
+
+def test_a_vm_with_a_device_hibernates_to_a_host_with_a_free_equivalent_device():
+    vms = [VMSize("gpu1", 256, 1, "lab-gpu", 1, live=False), VMSize("plain", 128, 1)]
+    caps = {"roomy": _cap(900), "with-gpu": _cap(300, ("lab-gpu",))}
+    steps = {s.vm: s for s in plan_evacuation(vms, caps, deadline=True)}
+    assert steps["gpu1"].action == "hibernate" and steps["gpu1"].target == "with-gpu"
+    assert steps["plain"].action == "migrate" and steps["plain"].target == "roomy"
+
+
+def test_devices_are_reserved_as_the_plan_goes_and_the_rest_park():
+    vms = [VMSize(f"gpu{i}", 128, 1, "lab-gpu", 1, live=False) for i in (1, 2)]
+    caps = {"h2": _cap(900, ("lab-gpu", "other-gpu"))}
+    steps = plan_evacuation(vms, caps, deadline=True)
+    assert [(s.vm, s.action, s.target) for s in steps] == [
+        ("gpu1", "hibernate", "h2"), ("gpu2", "suspend", None)]
+    assert "needs 1 lab-gpu device, 0 free" in steps[1].reason

@@ -27,6 +27,8 @@ def spec(**over) -> VMSpec:
     ("counter-kvm", "kvm", {}),
     ("no-initrd-tcg", "tcg", {"initrd": None, "workload": ""}),
     ("address-tcg", "tcg", {"address": "10.78.0.7", "gateway": "10.78.0.1"}),
+    ("gpu-kvm", "kvm", {"gpu_model": "a100-80g", "gpu_count": 1,
+                        "swap_disk": "/srv/vmmgr/storage/disks/web-1-swap.img"}),
 ])
 def test_domain_xml_matches_golden(case, accel, over, regen_golden):
     xml = domain_xml(spec(**over), accel=accel,

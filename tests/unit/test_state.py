@@ -1,7 +1,5 @@
 """Fleet state, locks and the event log against a real (private, throwaway) Redis server."""
 
-import shutil
-import subprocess
 import time
 
 import pytest
@@ -13,22 +11,8 @@ from vmmgr.state import FleetState
 
 
 @pytest.fixture
-def fleet_state(tmp_path):
-    if shutil.which("redis-server") is None:
-        pytest.fail("redis-server is missing: `./run setup` installs it")
-    sock = tmp_path / "redis.sock"
-    proc = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", str(sock),
-                             "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10
-        while not sock.exists():
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
-        yield FleetState(f"unix://{sock}")
-    finally:
-        proc.terminate()
-        proc.wait(10)
+def fleet_state(redis_url):
+    return FleetState(redis_url)
 
 
 def test_a_lock_refuses_others_and_says_what_holds_it(fleet_state):

@@ -18,6 +18,13 @@ def wait_option(f):
                         help="Follow the task to its end (with progress), or only submit it.")(f)
 
 
+def run_request(paths: Paths, req, *, wait: bool, local: Callable[[], dict],
+                progress: bool = False, events: bool = True) -> dict | None:
+    """`run_operation` for a checked `vmmgr.requests.Request`."""
+    return run_operation(paths, req.op, req.kwargs, host=req.host, lock=req.lock, wait=wait,
+                         local=local, progress=progress, events=events)
+
+
 def run_operation(paths: Paths, op: str, kwargs: dict, *, host: str | None,
                   lock: tuple[str, str, str] | None, wait: bool, local: Callable[[], dict],
                   progress: bool = False, events: bool = True) -> dict | None:

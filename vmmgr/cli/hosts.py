@@ -4,14 +4,14 @@ from dataclasses import asdict
 
 import click
 
-from .. import admission, display, reclaim, suspend as suspension
+from .. import devices, display, overview, reclaim, requests, suspend as suspension
 from ..errors import Conflict, VmmgrError
 from ..fleet import Fleet
 from ..inventory import HostRecord, Inventory
 from ..paths import Paths
 from ..spec import validate_name
 from .base import emit_json, log_line, cli
-from .dispatch import run_operation, wait_option
+from .dispatch import run_operation, run_request, wait_option
 
 @cli.group()
 def host() -> None:
@@ -23,26 +23,23 @@ def host() -> None:
 @click.pass_obj
 def host_list(paths: Paths, as_json: bool) -> None:
     """Hosts with their capacity, free memory and VMs."""
-    rows = []
     with Fleet(paths) as fleet:
-        for h in fleet.hosts():
-            try:
-                cap = h.capacity()
-                rows.append({"name": h.name, "uri": h.uri, "accel": h.accel, "reachable": True,
-                             "state": h.record.state,
-                             **asdict(cap), "free_memory_mib": cap.free_memory_mib,
-                             "free_vcpus": cap.free_vcpus})
-            except VmmgrError as err:
-                rows.append({"name": h.name, "uri": h.uri, "accel": h.accel, "reachable": False,
-                             "state": h.record.state, "error": str(err)})
+        rows = overview.host_rows(fleet)
     if as_json:
         return emit_json(rows)
     click.echo(display.table(
-        ["host", "state", "accel", "memory (free/total MiB)", "vCPUs (free/total)", "vms"],
+        ["host", "state", "accel", "memory (free/total MiB)", "vCPUs (free/total)",
+         "devices (free/total)", "vms"],
         [[r["name"], r["state"], r["accel"],
           f"{r['free_memory_mib']}/{r['memory_mib']}" if r["reachable"] else "unreachable",
           f"{r['free_vcpus']}/{r['vcpus']}" if r["reachable"] else "-",
-          ",".join(r.get("vms", ())) or "-"] for r in rows]))
+          _devices(r), ",".join(r.get("vms", ())) or "-"] for r in rows]))
+
+
+def _devices(row: dict) -> str:
+    models = sorted({d["model"] for d in row["devices"]})
+    return ", ".join(f"{row.get('free_devices', []).count(m)}/"
+                     f"{sum(d['model'] == m for d in row['devices'])} {m}" for m in models) or "-"
 
 
 @host.command("add")
@@ -51,12 +48,16 @@ def host_list(paths: Paths, as_json: bool) -> None:
 @click.option("--accel", type=click.Choice(["kvm", "tcg"]), default="kvm", show_default=True)
 @click.option("--memory", default=0, help="MiB vmmgr may hand out (default: all the host has).")
 @click.option("--vcpus", default=0, help="vCPUs vmmgr may hand out (default: its CPU count).")
+@click.option("--device", "device_specs", multiple=True, metavar="ADDRESS=MODEL[:KIND]",
+              help="A passed-through device VMs may ask for, e.g. 0000:65:00.0=a100-80g "
+                   "(KIND: vfio, the default, or standin in a lab).")
 @wait_option
 @click.pass_obj
 def host_add(paths: Paths, name: str, uri: str, accel: str, memory: int, vcpus: int,
-             wait: bool) -> None:
+             device_specs: tuple[str, ...], wait: bool) -> None:
     """Add a host; it must answer first. Parked VMs resume on it if they fit."""
-    record = HostRecord(name, uri, accel, memory, vcpus)
+    record = HostRecord(name, uri, accel, memory, vcpus,
+                        devices=tuple(devices.parse(d) for d in device_specs))
     validate_name(name, "host")
     if name in {r.name for r in Inventory(paths.inventory).records()}:
         raise Conflict(f"host {name!r} already exists")
@@ -101,23 +102,21 @@ def host_drain(paths: Paths, name: str, timeout: float, as_json: bool, wait: boo
 
 def _evacuate(paths: Paths, name: str, deadline: bool, as_json: bool, wait: bool, **kw) -> None:
     with Fleet(paths) as fleet:
-        admission.known_host(fleet, name)
+        req = requests.evacuate(fleet, name, deadline, kw.get("wait_timeout", 600.0))
 
         def local() -> dict:
             return asdict(reclaim.evacuate(fleet, name, deadline,
                                            on_event=(lambda m: None) if as_json else log_line,
                                            **kw))
 
-        verb = "reclaim" if deadline else "drain"
-        kwargs = {"host": name} | ({} if deadline else {"timeout": kw["wait_timeout"]})
-        report = run_operation(paths, f"{verb}_host", kwargs, host=None,
-                               lock=("host", name, f"{verb} of {name}"), wait=wait,
-                               local=local, events=not as_json)
+        report = run_request(paths, req, wait=wait, local=local, events=not as_json)
     if report is None:
         return
     if as_json:
         return emit_json(report)
-    click.echo(f"{name}: {len(report['migrated'])} migrated, {len(report['suspended'])} "
+    click.echo(f"{name}: {len(report['migrated'])} migrated, "
+               f"{len(report.get('hibernated', []))} moved by guest hibernation, "
+               f"{len(report['suspended'])} "
                f"suspended, {len(report['failed'])} failed in {report['seconds']} s")
     if report["failed"]:
         raise VmmgrError(f"{len(report['failed'])} VMs could not be moved: "
@@ -131,14 +130,13 @@ def _evacuate(paths: Paths, name: str, deadline: bool, as_json: bool, wait: bool
 def host_enable(paths: Paths, name: str, wait: bool) -> None:
     """Put a host back in service; parked VMs resume on it (or anywhere with room)."""
     with Fleet(paths) as fleet:
-        admission.known_host(fleet, name)
+        req = requests.enable(fleet, name)
 
         def local() -> dict:
             resumed = reclaim.enable(fleet, name, on_event=log_line)
             return {"host": name, "resumed": [asdict(r) for r in resumed]}
 
-        r = run_operation(paths, "enable_host", {"host": name}, host=None,
-                          lock=("host", name, f"enable of {name}"), wait=wait, local=local)
+        r = run_request(paths, req, wait=wait, local=local)
     if r:
         click.echo(f"{name} active; {len(r['resumed'])} parked VMs resumed")
 

@@ -4,13 +4,13 @@ from dataclasses import asdict
 
 import click
 
-from .. import admission, display
+from .. import display, requests
 from ..fleet import Fleet
 from ..migration import cancel as cancel_migration, migrate as run_migration
 from ..paths import Paths
 from ..policy import DEFAULT_POLICY, POLICIES, get_policy
 from .base import emit_json, progress_printer, cli
-from .dispatch import run_operation, wait_option
+from .dispatch import run_request, wait_option
 
 class _StartByDefault(click.Group):
     """`vmmgr migrate NAME --to HOST` means `vmmgr migrate start NAME --to HOST`."""
@@ -39,7 +39,7 @@ def migrate_start(paths: Paths, name: str, target: str, policy_name: str | None,
     """Live-migrate a VM to another host, with a progress bar."""
     policy = get_policy(policy_name, bandwidth)  # InvalidRequest for an unknown policy
     with Fleet(paths) as fleet:
-        source = admission.migration(fleet, name, target)
+        req = requests.migrate(fleet, name, target, policy_name, bandwidth)
 
         def local() -> dict:
             show = progress_printer(enabled=not as_json)
@@ -49,10 +49,8 @@ def migrate_start(paths: Paths, name: str, target: str, policy_name: str | None,
             finally:
                 show(None)
 
-        r = run_operation(paths, "migrate", {"vm": name, "target": target, "policy": policy_name,
-                                             "bandwidth": bandwidth},
-                          host=source, lock=("vm", name, f"migration of {name} to {target}"),
-                          wait=wait, local=local, progress=not as_json, events=not as_json)
+        r = run_request(paths, req, wait=wait, local=local, progress=not as_json,
+                        events=not as_json)
     if r is None:
         return
     if as_json:
@@ -74,10 +72,8 @@ def migrate_start(paths: Paths, name: str, target: str, policy_name: str | None,
 def migrate_cancel(paths: Paths, name: str, wait: bool) -> None:
     """Abort a VM's running migration; it keeps running where it was."""
     with Fleet(paths) as fleet:
-        where = admission.running_vm(fleet, name)
-        # No lock: the migration being cancelled holds it.
-        r = run_operation(paths, "cancel", {"vm": name}, host=where, lock=None, wait=wait,
-                          local=lambda: {"vm": name, "host": cancel_migration(fleet, name)})
+        r = run_request(paths, requests.cancel(fleet, name), wait=wait,
+                        local=lambda: {"vm": name, "host": cancel_migration(fleet, name)})
     if r:
         click.echo(f"cancelled the migration of {name}; it keeps running on {r['host']}")
 

@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 import click
 
-from .. import admission, console, display, suspend as suspension, workloads
+from .. import admission, console, display, overview, requests, suspend as suspension, workloads
 from ..addresses import pool_for
 from ..edge import Edge
 from ..errors import InvalidRequest, VmmgrError
@@ -17,7 +17,7 @@ from ..placement import choose_host
 from ..spec import make_spec
 from ..state import FleetState
 from .base import emit_json, log_line, cli
-from .dispatch import run_operation, wait_option
+from .dispatch import run_request, wait_option
 
 @cli.group()
 def vm() -> None:
@@ -36,23 +36,31 @@ def vm() -> None:
               help="Kernel command line for --kernel.")
 @click.option("--memory", default=128, show_default=True, help="MiB.")
 @click.option("--vcpus", default=1, show_default=True)
+@click.option("--gpu", metavar="MODEL[:COUNT]",
+              help="Passed-through devices of this model (the lab's: lab-gpu). Such a VM moves "
+                   "by guest hibernation, never by live migration.")
 @wait_option
 @click.pass_obj
 def vm_create(paths: Paths, name, host_name, workload, params, kernel, initrd, cmdline,
-              memory, vcpus, wait) -> None:
+              memory, vcpus, gpu, wait) -> None:
     """Define and start a VM."""
+    gpu_model, _, gpu_count = (gpu or "").partition(":")
+    if gpu_count and not gpu_count.isdigit():
+        raise InvalidRequest(f"--gpu wants MODEL[:COUNT], not {gpu!r}")
+    gpu_count = int(gpu_count or 1) if gpu_model else 0
     if kernel and (workload or params):
         raise InvalidRequest("give either --kernel (with --initrd/--cmdline) or --workload")
     if kernel:
         spec = make_spec(name, memory_mib=memory, vcpus=vcpus, kernel=kernel, initrd=initrd,
-                         cmdline=cmdline, image_root=paths.images)
+                         cmdline=cmdline, image_root=paths.images, gpu_model=gpu_model,
+                         gpu_count=gpu_count)
     else:
         workload = workload or "counter"
         line = workloads.cmdline(workload, _parse_params(params))
         image = ensure_builtin(paths.images, log_line)
         spec = make_spec(name, memory_mib=memory, vcpus=vcpus, kernel=image.kernel,
                          initrd=image.initrd, cmdline=line, image_root=paths.images,
-                         workload=workload)
+                         workload=workload, gpu_model=gpu_model, gpu_count=gpu_count)
     with Fleet(paths) as fleet:
         admission.creation(fleet, spec, host_name)
 
@@ -60,17 +68,13 @@ def vm_create(paths: Paths, name, host_name, workload, params, kernel, initrd, c
             target = host_name
             if not target:
                 target, refused = choose_host(fleet.active_capacities(), spec.memory_mib,
-                                              spec.vcpus)
+                                              spec.vcpus, spec.gpu_model, spec.gpu_count)
                 if target is None:
                     why = "; ".join(f"{h}: {r}" for h, r in refused.items()) or "no hosts"
                     raise VmmgrError(f"no host has room for {name}: {why}")
             return {"vm": name, "host": fleet.create(spec, target).host_name}
 
-        data = asdict(spec) | {"kernel": str(spec.kernel),
-                               "initrd": str(spec.initrd) if spec.initrd else None}
-        result = run_operation(paths, "create", {"spec": data, "host": host_name},
-                               host=host_name, lock=("vm", name, f"create {name}"), wait=wait,
-                               local=local)
+        result = run_request(paths, requests.create_spec(spec, host_name), wait=wait, local=local)
     if result:
         click.echo(f"{result['vm']} running on {result['host']}")
 
@@ -121,6 +125,11 @@ def vm_show(paths: Paths, name: str, as_json: bool) -> None:
                     "memory_mib": g.memory_mib(), "vcpus": g.vcpus(), "workload": g.workload()}
         info["console_hosts"] = console.hosts_seen(paths.consoles, name)
         info |= _network_path(paths, name)
+        row = next((r for r in overview.vm_rows(fleet) if r["name"] == name), None)
+        if row and row["device_count"]:
+            info["devices"] = f"{row['device_count']} x {row['device_model']}"
+        if row:
+            info["moves_by"] = f"{row['moves_by']['mode']}: {row['moves_by']['reason']}"
     migrations = []
     if paths.redis_url():
         fleet_state = FleetState(paths.redis_url())
@@ -160,7 +169,7 @@ def _network_path(paths: Paths, vm: str) -> dict:
 def vm_console(paths: Paths, name: str, follow: bool) -> None:
     """The VM's whole serial output, across every host it ran on."""
     with Fleet(paths) as fleet:
-        fleet.locate(name)  # NotFound for an unknown VM
+        admission.known_vm(fleet, name)  # a suspended VM's output is on storage too
     out = sys.stdout.buffer
     if not follow:
         out.write(console.read(paths.consoles, name))
@@ -176,22 +185,25 @@ def vm_console(paths: Paths, name: str, follow: bool) -> None:
 
 @vm.command("suspend")
 @click.argument("name")
+@click.option("--mode", type=click.Choice(suspension.MODES),
+              help="save: the host saves memory and device state; guest: the guest hibernates "
+                   "itself through its agent (VMs with passed-through devices). Default: save, "
+                   "or guest when a device blocks a save.")
 @click.option("--json", "as_json", is_flag=True)
 @wait_option
 @click.pass_obj
-def vm_suspend(paths: Paths, name: str, as_json: bool, wait: bool) -> None:
-    """Save a running VM to shared storage and free its host; `resume` continues it anywhere."""
+def vm_suspend(paths: Paths, name: str, mode: str | None, as_json: bool, wait: bool) -> None:
+    """Suspend a running VM to shared storage and free its host; `resume` continues it anywhere."""
     with Fleet(paths) as fleet:
-        where = admission.running_vm(fleet, name)
-        record = run_operation(paths, "suspend", {"vm": name}, host=where,
-                               lock=("vm", name, f"suspend of {name}"), wait=wait,
-                               events=not as_json,
-                               local=lambda: asdict(suspension.suspend(fleet, name)))
+        record = run_request(paths, requests.suspend(fleet, name, mode), wait=wait,
+                             events=not as_json,
+                             local=lambda: asdict(suspension.suspend(fleet, name, mode=mode)))
     if record is None:
         return
     if as_json:
         return emit_json(record)
-    click.echo(f"{name} suspended from {record['from_host']}: "
+    how = "hibernated by its guest" if record.get("mode") == "guest" else "suspended"
+    click.echo(f"{name} {how} from {record['from_host']}: "
                f"{record['image_bytes'] / display.MiB:.0f} MiB image in {record['save_ms']} ms")
 
 
@@ -204,11 +216,9 @@ def vm_suspend(paths: Paths, name: str, as_json: bool, wait: bool) -> None:
 def vm_resume(paths: Paths, name: str, host_name: str | None, as_json: bool, wait: bool) -> None:
     """Restore a suspended VM, exactly where it stopped."""
     with Fleet(paths) as fleet:
-        admission.suspended_vm(fleet, name, host_name)
-        result = run_operation(paths, "resume", {"vm": name, "host": host_name}, host=host_name,
-                               lock=("vm", name, f"resume of {name}"), wait=wait,
-                               events=not as_json,
-                               local=lambda: asdict(suspension.resume(fleet, name, host_name)))
+        result = run_request(paths, requests.resume(fleet, name, host_name), wait=wait,
+                             events=not as_json,
+                             local=lambda: asdict(suspension.resume(fleet, name, host_name)))
     if result is None:
         return
     if as_json:
@@ -224,9 +234,7 @@ def vm_resume(paths: Paths, name: str, host_name: str | None, as_json: bool, wai
 def vm_destroy(paths: Paths, name: str, wait: bool) -> None:
     """Power a VM off and remove it (and its console log); a suspended VM loses its image."""
     with Fleet(paths) as fleet:
-        admission.known_vm(fleet, name)
-        result = run_operation(paths, "destroy", {"vm": name}, host=None,
-                               lock=("vm", name, f"destroy of {name}"), wait=wait,
-                               local=lambda: {"vm": name, "host": fleet.destroy(name)})
+        result = run_request(paths, requests.destroy(fleet, name), wait=wait,
+                             local=lambda: {"vm": name, "host": fleet.destroy(name)})
     if result:
         click.echo(f"{name} destroyed on {result['host']}")

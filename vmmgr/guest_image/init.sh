@@ -21,6 +21,28 @@ for m in virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_p
   [ -f "/lib/modules/$m.ko" ] && insmod "/lib/modules/$m.ko" 2>/dev/null
 done
 
+# A VM that may have to hibernate (one with a passed-through device) has a swap disk, vda.
+# Resume first: when vda holds a hibernation image, writing its device number to
+# /sys/power/resume makes the kernel restore that image here: this script then never goes
+# further, the hibernated system (this same script, further along) carries on instead.
+if [ -b /dev/vda ]; then
+  cat /sys/block/vda/dev > /sys/power/resume 2>/dev/null
+  # No image (a first boot): make the swap area the next hibernation writes to.
+  mkswap /dev/vda >/dev/null 2>&1 && swapon /dev/vda 2>/dev/null
+  # The kernel writes its image, then powers off (S5): the VM can be started anywhere after.
+  echo shutdown > /sys/power/disk
+  # The smallest image: the kernel frees what it can first (a small guest has little to spare).
+  echo 0 > /sys/power/image_size
+fi
+
+# The guest agent, on the virtio-serial port libvirt names org.qemu.guest_agent.0 (unless
+# vmmgr.agent=off: the lab's way to test a guest whose agent does not answer).
+if [ "$(param agent on)" = on ]; then
+  for p in /sys/class/virtio-ports/*; do
+    [ "$(cat "$p/name" 2>/dev/null)" = org.qemu.guest_agent.0 ] && qga "/dev/${p##*/}" /dev/vda &
+  done
+fi
+
 # A stable address (vmmgr.ip) is a /32 behind the gateway every host serves (vmmgr.gw) with the
 # same MAC, so nothing in the guest changes when it moves.
 ip=$(param ip "")

@@ -1,0 +1,158 @@
+"""REST API through Flask's test client: auth, roles, bad input and refusals (all real, against an
+empty inventory and a private Redis), and the queued-task path with the fleet check stubbed."""
+
+import pytest
+
+from vmmgr.requests import Request
+from vmmgr.state import FleetState
+from webui.openapi import document
+
+GETS = ["/api/v1/hosts", "/api/v1/hosts/host1", "/api/v1/vms", "/api/v1/vms/vm1",
+        "/api/v1/vms/vm1/targets", "/api/v1/vms/vm1/migrations", "/api/v1/tasks",
+        "/api/v1/tasks/abc", "/api/v1/events"]
+ACTIONS = [("post", "/api/v1/hosts/host1/drain"), ("post", "/api/v1/hosts/host1/reclaim"),
+           ("post", "/api/v1/hosts/host1/enable"), ("post", "/api/v1/vms"),
+           ("delete", "/api/v1/vms/vm1"), ("post", "/api/v1/vms/vm1/migrate"),
+           ("post", "/api/v1/vms/vm1/cancel"), ("post", "/api/v1/vms/vm1/suspend"),
+           ("post", "/api/v1/vms/vm1/resume")]
+
+
+def auth(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def error_code(response) -> str:
+    return response.get_json()["error"]["code"]
+
+
+@pytest.mark.parametrize("method,url", [("get", u) for u in GETS] + ACTIONS)
+def test_no_token_or_a_wrong_one_is_401(app, method, url):
+    client = app.test_client()
+    for headers in ({}, auth("vmmgr_not-a-token"), {"Authorization": "Basic YTpi"}):
+        r = getattr(client, method)(url, headers=headers)
+        assert r.status_code == 401 and error_code(r) == "unauthenticated", (url, headers)
+
+
+@pytest.mark.parametrize("method,url", ACTIONS)
+def test_a_viewer_cannot_act(app, tokens, method, url):
+    r = getattr(app.test_client(), method)(url, headers=auth(tokens["viewer"]), json={})
+    assert r.status_code == 403 and error_code(r) == "forbidden"
+    assert "needs the operator role" in r.get_json()["error"]["message"]
+
+
+def test_listings_of_an_empty_fleet(app, tokens):
+    client = app.test_client()
+    for url in ("/api/v1/hosts", "/api/v1/vms", "/api/v1/tasks", "/api/v1/events"):
+        r = client.get(url, headers=auth(tokens["viewer"]))
+        assert r.status_code == 200 and r.get_json() == [], url
+
+
+@pytest.mark.parametrize("url,message", [
+    ("/api/v1/hosts/host1", "unknown host 'host1'"),
+    ("/api/v1/vms/vm1", "unknown VM 'vm1'"),
+    ("/api/v1/vms/vm1/targets", "unknown VM 'vm1'"),
+    ("/api/v1/vms/vm1/migrations", "unknown VM 'vm1'"),
+    ("/api/v1/tasks/abc", "unknown task 'abc'"),
+])
+def test_unknown_things_are_404(app, tokens, url, message):
+    r = app.test_client().get(url, headers=auth(tokens["viewer"]))
+    assert r.status_code == 404 and error_code(r) == "not_found"
+    assert message in r.get_json()["error"]["message"]
+
+
+@pytest.mark.parametrize("method,url,body,status,message", [
+    ("post", "/api/v1/vms", None, 400, "field 'name' is required"),
+    ("post", "/api/v1/vms", [1, 2], 400, "must be a JSON object"),
+    ("post", "/api/v1/vms", {"name": "a", "colour": "red"}, 400, "unknown field(s): colour"),
+    ("post", "/api/v1/vms", {"name": "a", "memory_mib": "128"}, 400, "must be an integer"),
+    ("post", "/api/v1/vms", {"name": "a", "memory_mib": True}, 400, "must be an integer"),
+    ("post", "/api/v1/vms", {"name": "../etc"}, 400, "invalid VM name"),
+    ("post", "/api/v1/vms", {"name": "a'/><x"}, 400, "invalid VM name"),
+    ("post", "/api/v1/vms", {"name": "a", "memory_mib": 10}, 400, "invalid memory"),
+    ("post", "/api/v1/vms", {"name": "a", "workload": "bitcoin"}, 400, "unknown workload"),
+    ("post", "/api/v1/vms", {"name": "a", "params": {"x": 1}}, 400, "map names to strings"),
+    ("post", "/api/v1/vms", {"name": "a"}, 409, "no host has room for a"),
+    ("post", "/api/v1/vms", {"name": "a", "host": "h9"}, 404, "unknown host 'h9'"),
+    ("post", "/api/v1/vms/vm1/migrate", {}, 400, "field 'target' is required"),
+    ("post", "/api/v1/vms/vm1/migrate", {"target": "h2", "policy": "warp"}, 400,
+     "unknown policy 'warp'"),
+    ("post", "/api/v1/vms/vm1/migrate", {"target": "h2", "bandwidth_mibps": -1}, 400,
+     "bandwidth must not be negative"),
+    ("post", "/api/v1/vms/vm1/migrate", {"target": "h2"}, 404, "unknown host 'h2'"),
+    ("post", "/api/v1/vms/vm1/cancel", None, 404, "unknown VM 'vm1'"),
+    ("post", "/api/v1/vms/vm1/suspend", None, 404, "unknown VM 'vm1'"),
+    ("post", "/api/v1/vms/vm1/resume", {"host": "../x"}, 400, "invalid host name"),
+    ("post", "/api/v1/vms/vm1/resume", None, 404, "unknown VM 'vm1'"),
+    ("delete", "/api/v1/vms/vm1", None, 404, "unknown VM 'vm1'"),
+    ("post", "/api/v1/hosts/h1/drain", {"timeout": 0}, 400, "drain timeout"),
+    ("post", "/api/v1/hosts/h1/drain", None, 404, "unknown host 'h1'"),
+    ("post", "/api/v1/hosts/h1/reclaim", {"now": True}, 400, "unknown field(s): now"),
+    ("post", "/api/v1/hosts/h1/enable", None, 404, "unknown host 'h1'"),
+])
+def test_bad_requests_are_refused_and_queue_nothing(app, tokens, redis_url, method, url, body,
+                                                    status, message):
+    r = getattr(app.test_client(), method)(url, headers=auth(tokens["operator"]), json=body)
+    assert r.status_code == status, r.get_json()
+    assert message in r.get_json()["error"]["message"]
+    assert FleetState(redis_url).recent_tasks() == []
+
+
+def test_a_body_that_is_not_json_is_refused(app, tokens):
+    r = app.test_client().post("/api/v1/vms", headers=auth(tokens["operator"]), data="name=a",
+                               content_type="text/plain")
+    assert r.status_code == 400 and "JSON object" in r.get_json()["error"]["message"]
+
+
+def test_wrong_method_and_unknown_path_answer_json(app, tokens):
+    client = app.test_client()
+    r = client.put("/api/v1/vms", headers=auth(tokens["admin"]))
+    assert r.status_code == 405 and error_code(r) == "method_not_allowed"
+    r = client.get("/api/v1/nothing", headers=auth(tokens["admin"]))
+    assert r.status_code == 404 and error_code(r) == "not_found"
+
+
+def test_an_accepted_action_is_queued_with_its_lock_and_can_be_followed(app, tokens, redis_url,
+                                                                        mocker):
+    checked = Request("migrate", {"vm": "vm1", "target": "host2", "policy": None,
+                                  "bandwidth": 20}, "host1", ("vm", "vm1", "migration of vm1 to host2"))
+    build = mocker.patch("webui.api.requests.migrate", return_value=checked)
+    client = app.test_client()
+    r = client.post("/api/v1/vms/vm1/migrate", headers=auth(tokens["operator"]),
+                    json={"target": "host2", "bandwidth_mibps": 20})
+    assert r.status_code == 202, r.get_json()
+    queued = r.get_json()
+    assert queued["op"] == "migrate" and queued["queue"] == "host.host1"
+    assert build.call_args.args[1:] == ("vm1", "host2", None, 20)
+    state = FleetState(redis_url)
+    assert state.holder("vm", "vm1") == f"{queued['task']} migration of vm1 to host2"
+    # A second request for the busy VM is refused at once, naming the first.
+    r = client.post("/api/v1/vms/vm1/migrate", headers=auth(tokens["operator"]),
+                    json={"target": "host2"})
+    assert r.status_code == 409 and queued["task"] in r.get_json()["error"]["message"]
+    # The task can be followed (no worker here: it waits in its queue).
+    r = client.get(f"/api/v1/tasks/{queued['task']}", headers=auth(tokens["viewer"]))
+    assert r.status_code == 200 and r.get_json()["state"] == "PENDING"
+    assert [t["id"] for t in client.get("/api/v1/tasks", headers=auth(tokens["viewer"]))
+            .get_json()] == [queued["task"]]
+    events = client.get("/api/v1/events", headers=auth(tokens["viewer"])).get_json()
+    assert events[-1]["message"] == "migrate submitted by operator (web API)"
+
+
+def test_without_a_broker_records_are_503(home, tokens):
+    from webui import create_app
+
+    home.redis_url_file.unlink()
+    r = create_app(home).test_client().get("/api/v1/events", headers=auth(tokens["viewer"]))
+    assert r.status_code == 503 and error_code(r) == "broker_unavailable"
+
+
+def test_every_api_route_is_documented(app):
+    documented = {(path, method) for path, item in document()["paths"].items()
+                  for method in item if method != "parameters"}
+    served = set()
+    for rule in app.url_map.iter_rules():
+        if rule.rule.startswith("/api/v1/") and rule.endpoint != "api.openapi":
+            path = rule.rule.removeprefix("/api/v1").replace("<", "{").replace(">", "}")
+            served |= {(path, m.lower()) for m in rule.methods - {"HEAD", "OPTIONS"}}
+    assert served == documented
+    assert app.test_client().get("/api/v1/openapi.json").get_json()["openapi"] == "3.0.3"

@@ -1,0 +1,142 @@
+"""The console's pages through Flask's test client: login, roles, CSRF, refusals flashed with
+nothing changed, and the live streams' wire format."""
+
+import json
+
+import pytest
+
+from vmmgr.requests import Request
+from vmmgr.state import FleetState
+
+from .conftest import PASSWORD, csrf_of
+
+PAGES = ["/", "/vms", "/events", "/vms/vm1", "/vms/vm1/summary", "/vms/vm1/progress",
+         "/vms/vm1/console"]
+ACTIONS = ["/vms", "/vms/vm1/migrate", "/vms/vm1/cancel", "/vms/vm1/suspend", "/vms/vm1/resume",
+           "/vms/vm1/destroy", "/hosts/host1/drain", "/hosts/host1/reclaim",
+           "/hosts/host1/enable"]
+
+
+@pytest.mark.parametrize("url", PAGES + ACTIONS)
+def test_everything_needs_a_login(app, url):
+    client = app.test_client()
+    r = client.post(url) if url in ACTIONS else client.get(url)
+    assert r.status_code in (302, 400), url  # to the login page (or CSRF refuses the post first)
+    if r.status_code == 302:
+        assert "/login?next=" in r.headers["Location"]
+
+
+def test_login_refuses_a_wrong_password_and_never_redirects_off_site(app):
+    client = app.test_client()
+    token = csrf_of(client.get("/login").get_data(as_text=True))
+    r = client.post("/login", data={"name": "admin", "password": "wrong", "csrf_token": token})
+    assert r.status_code == 401 and "Wrong name or password" in r.get_data(as_text=True)
+    r = client.post("/login", data={"name": "nobody", "password": PASSWORD, "csrf_token": token})
+    assert r.status_code == 401
+    r = client.post("/login", data={"name": "admin", "password": PASSWORD})
+    assert r.status_code == 400  # no CSRF token
+    r = client.post("/login?next=//evil.example/x",
+                    data={"name": "admin", "password": PASSWORD, "csrf_token": token})
+    assert r.status_code == 302 and r.headers["Location"] == "/"
+    assert client.get("/").status_code == 200
+
+
+def test_logout_ends_the_session(as_role):
+    client = as_role("viewer")
+    token = csrf_of(client.get("/").get_data(as_text=True))
+    assert client.post("/logout", data={"csrf_token": token}).status_code == 302
+    assert client.get("/").status_code == 302
+
+
+@pytest.mark.parametrize("url", ["/", "/vms", "/events"])
+def test_a_viewer_sees_the_pages_without_action_forms(as_role, url):
+    r = as_role("viewer").get(url)
+    assert r.status_code == 200
+    assert 'id="create"' not in r.get_data(as_text=True)
+
+
+def test_an_operator_gets_the_create_form(as_role):
+    assert 'id="create"' in as_role("operator").get("/vms").get_data(as_text=True)
+
+
+@pytest.mark.parametrize("url", ["/vms/vm1", "/vms/vm1/summary", "/vms/vm1/console"])
+def test_an_unknown_vm_is_a_404_page(as_role, url):
+    r = as_role("viewer").get(url)
+    assert r.status_code == 404 and "unknown VM &#39;vm1&#39;" in r.get_data(as_text=True)
+
+
+@pytest.mark.parametrize("url", ACTIONS)
+def test_a_viewer_cannot_act(as_role, url):
+    client = as_role("viewer")
+    token = csrf_of(client.get("/").get_data(as_text=True))
+    assert client.post(url, data={"csrf_token": token}).status_code == 403
+
+
+@pytest.mark.parametrize("url", ACTIONS)
+def test_actions_need_the_csrf_token(as_role, url):
+    assert as_role("operator").post(url, data={}).status_code == 400
+
+
+@pytest.mark.parametrize("url,form,message", [
+    ("/vms", {"name": "bad/name"}, "invalid VM name"),
+    ("/vms", {"name": "a", "memory_mib": "lots"}, "memory_mib must be a whole number"),
+    ("/vms", {"name": "a", "params": "interval"}, "KEY=VALUE"),
+    ("/vms", {"name": "a"}, "no host has room for a"),
+    ("/vms/vm1/migrate", {"target": "host2"}, "unknown host &#39;host2&#39;"),
+    ("/vms/vm1/migrate", {"target": "host2", "policy": "warp"}, "unknown policy"),
+    ("/vms/vm1/cancel", {}, "unknown VM &#39;vm1&#39;"),
+    ("/vms/vm1/suspend", {}, "unknown VM &#39;vm1&#39;"),
+    ("/vms/vm1/resume", {}, "unknown VM &#39;vm1&#39;"),
+    ("/vms/vm1/destroy", {}, "unknown VM &#39;vm1&#39;"),
+    ("/hosts/host1/drain", {}, "unknown host &#39;host1&#39;"),
+    ("/hosts/host1/reclaim", {}, "unknown host &#39;host1&#39;"),
+    ("/hosts/host1/enable", {}, "unknown host &#39;host1&#39;"),
+])
+def test_refusals_are_shown_and_change_nothing(as_role, redis_url, url, form, message):
+    client = as_role("operator")
+    token = csrf_of(client.get("/").get_data(as_text=True))
+    r = client.post(url, data=form | {"csrf_token": token}, follow_redirects=True)
+    assert r.status_code in (200, 404)  # back on the page (a 404 page for an unknown VM)
+    assert 'class="flash error"' in r.get_data(as_text=True)
+    assert message in r.get_data(as_text=True)
+    assert FleetState(redis_url).recent_tasks() == []
+
+
+def test_an_unknown_action_is_404(as_role):
+    client = as_role("operator")
+    token = csrf_of(client.get("/").get_data(as_text=True))
+    assert client.post("/vms/vm1/explode", data={"csrf_token": token}).status_code == 404
+    assert client.post("/hosts/host1/explode", data={"csrf_token": token}).status_code == 404
+
+
+def test_an_accepted_action_is_queued_and_its_progress_streamed(as_role, redis_url, mocker):
+    mocker.patch("webui.pages.requests.suspend",
+                 return_value=Request("suspend", {"vm": "vm1"}, "host1",
+                                      ("vm", "vm1", "suspend of vm1")))
+    client = as_role("operator")
+    token = csrf_of(client.get("/").get_data(as_text=True))
+    r = client.post("/vms/vm1/suspend", data={"csrf_token": token}, follow_redirects=True)
+    assert "suspend queued (task " in r.get_data(as_text=True)
+    state = FleetState(redis_url)
+    [task] = state.recent_tasks()
+    assert task["what"] == "suspend of vm1" and task["queue"] == "host.host1"
+    assert state.events()[-1]["message"] == "suspend submitted by operator (web console)"
+
+    # The progress stream (ended after SSE_MAX_SECONDS=1 here) names the queued operation.
+    stream = client.get("/vms/vm1/progress").get_data(as_text=True)
+    snapshots = [json.loads(line[6:]) for line in stream.splitlines() if line.startswith("data: ")]
+    assert snapshots and snapshots[0]["operation"]["task"] == task["id"]
+    assert snapshots[0]["operation"]["what"] == "suspend of vm1"
+    assert snapshots[0]["operation"]["state"] == "PENDING"
+
+
+def test_the_console_stream_sends_the_tail_then_what_follows(app, home):
+    from webui import backend
+
+    folder = home.consoles / "vm1"
+    folder.mkdir(parents=True)
+    (folder / "000001-host1.log").write_bytes(b"tick 0\ntick 1\n")
+    (folder / "000002-host2.log").write_bytes(b"tick 2\n\xff\n")
+    with app.test_request_context():
+        assert "".join(backend.console_stream("vm1")) == "tick 0\ntick 1\ntick 2\n\ufffd\n"
+        assert "".join(backend.console_stream("vm1", tail=9)) == "tick 2\n\ufffd\n"

@@ -1,0 +1,61 @@
+"""`vmmgr user ...` (the web console's users and API tokens) and `vmmgr web` (the console)."""
+
+import click
+
+from .. import display
+from ..paths import Paths
+from ..users import ROLES, Users
+from .base import cli
+
+
+@cli.group()
+def user() -> None:
+    """Web console users and their API tokens."""
+
+
+@user.command("add")
+@click.argument("name")
+@click.option("--role", type=click.Choice(ROLES), default="viewer", show_default=True)
+@click.option("--password", prompt=True, hide_input=True, confirmation_prompt=True,
+              envvar="VMMGR_PASSWORD", help="Prompted for when not given (or $VMMGR_PASSWORD).")
+@click.option("--replace", is_flag=True, help="Overwrite an existing user's password and role.")
+@click.pass_obj
+def user_add(paths: Paths, name: str, role: str, password: str, replace: bool) -> None:
+    """Add a user (e.g. the first admin: `vmmgr user add admin --role admin`)."""
+    u = Users(paths.users).add(name, password, role, replace=replace)
+    click.echo(f"user {u.name} ({u.role}) saved")
+
+
+@user.command("list")
+@click.pass_obj
+def user_list(paths: Paths) -> None:
+    click.echo(display.table(["user", "role"], [[u.name, u.role] for u in
+                                                Users(paths.users).list()]))
+
+
+@user.command("remove")
+@click.argument("name")
+@click.pass_obj
+def user_remove(paths: Paths, name: str) -> None:
+    Users(paths.users).remove(name)
+    click.echo(f"user {name} removed")
+
+
+@user.command("token")
+@click.argument("name")
+@click.option("--label", default="api", show_default=True)
+@click.pass_obj
+def user_token(paths: Paths, name: str, label: str) -> None:
+    """Issue an API token for NAME (REST: `Authorization: Bearer <token>`); shown only once."""
+    click.echo(Users(paths.users).new_token(name, label))
+
+
+@cli.command()
+@click.option("--bind", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8080, show_default=True)
+@click.pass_obj
+def web(paths: Paths, bind: str, port: int) -> None:
+    """Serve the web console (lab and development; production: gunicorn, see README)."""
+    from webui import create_app
+
+    create_app(paths).run(host=bind, port=port, threaded=True)

@@ -1,0 +1,94 @@
+"""Operator requests, checked and described once for every surface (CLI, web console, REST).
+
+A builder runs the request's admission checks (a bad request raises here and nothing changes) and
+returns what the task API needs to run it: the operation, its arguments, the host whose worker
+runs it and the lock taken before it is queued. No Celery here: `tasks.client` submits these.
+"""
+
+from dataclasses import asdict, dataclass
+
+from . import admission, workloads
+from .errors import InvalidRequest
+from .fleet import Fleet
+from .images import ensure_builtin
+from .policy import get_policy
+from .suspend import MODES
+from .spec import make_spec, validate_gpu, validate_memory, validate_name, validate_vcpus
+
+
+@dataclass(frozen=True)
+class Request:
+    op: str
+    kwargs: dict
+    host: str | None  # whose worker runs it; None: any worker, on the control queue
+    lock: tuple[str, str, str] | None  # (kind, name, what) taken in the task's name
+
+
+def create(fleet: Fleet, name: str, *, workload: str = "counter", params: dict | None = None,
+           memory_mib: int = 128, vcpus: int = 1, host: str | None = None,
+           gpu_model: str = "", gpu_count: int = 0, on_event=lambda m: None) -> Request:
+    """A VM running a built-in workload. Room is checked before the guest image is built."""
+    validate_name(name)
+    validate_memory(memory_mib)
+    validate_vcpus(vcpus)
+    gpu_model, gpu_count = validate_gpu(gpu_model, gpu_count)
+    line = workloads.cmdline(workload, params)
+    admission.room_for(fleet, name, memory_mib, vcpus, host, gpu_model, gpu_count)
+    image = ensure_builtin(fleet.paths.images, on_event)
+    spec = make_spec(name, memory_mib=memory_mib, vcpus=vcpus, kernel=image.kernel,
+                     initrd=image.initrd, cmdline=line, image_root=fleet.paths.images,
+                     workload=workload, gpu_model=gpu_model, gpu_count=gpu_count)
+    return create_spec(spec, host)
+
+
+def create_spec(spec, host: str | None) -> Request:
+    data = asdict(spec) | {"kernel": str(spec.kernel),
+                           "initrd": str(spec.initrd) if spec.initrd else None}
+    return Request("create", {"spec": data, "host": host}, host,
+                   ("vm", spec.name, f"create {spec.name}"))
+
+
+def migrate(fleet: Fleet, vm: str, target: str, policy: str | None = None,
+            bandwidth: int | None = None) -> Request:
+    get_policy(policy, bandwidth)  # InvalidRequest for an unknown policy or a bad bandwidth
+    source = admission.migration(fleet, vm, target)
+    return Request("migrate", {"vm": vm, "target": target, "policy": policy,
+                               "bandwidth": bandwidth},
+                   source, ("vm", vm, f"migration of {vm} to {target}"))
+
+
+def cancel(fleet: Fleet, vm: str) -> Request:
+    # No lock: the migration being cancelled holds it.
+    return Request("cancel", {"vm": vm}, admission.running_vm(fleet, vm), None)
+
+
+def suspend(fleet: Fleet, vm: str, mode: str | None = None) -> Request:
+    if mode is not None and mode not in MODES:
+        raise InvalidRequest(f"suspend mode must be one of {', '.join(MODES)}, not {mode!r}")
+    return Request("suspend", {"vm": vm, "mode": mode}, admission.running_vm(fleet, vm),
+                   ("vm", vm, f"suspend of {vm}"))
+
+
+def resume(fleet: Fleet, vm: str, host: str | None = None) -> Request:
+    admission.suspended_vm(fleet, vm, host)
+    return Request("resume", {"vm": vm, "host": host}, host, ("vm", vm, f"resume of {vm}"))
+
+
+def destroy(fleet: Fleet, vm: str) -> Request:
+    admission.known_vm(fleet, vm)
+    return Request("destroy", {"vm": vm}, None, ("vm", vm, f"destroy of {vm}"))
+
+
+def evacuate(fleet: Fleet, host: str, deadline: bool, timeout: float = 600.0) -> Request:
+    """Reclaim (deadline: migrate what fits, suspend the rest) or drain (live migration only)."""
+    if not deadline and not 0 < timeout <= 86400:
+        raise InvalidRequest(f"drain timeout must be between 0 and 86400 s, not {timeout}")
+    admission.known_host(fleet, host)
+    verb = "reclaim" if deadline else "drain"
+    kwargs = {"host": host} | ({} if deadline else {"timeout": timeout})
+    return Request(f"{verb}_host", kwargs, None, ("host", host, f"{verb} of {host}"))
+
+
+def enable(fleet: Fleet, host: str) -> Request:
+    admission.known_host(fleet, host)
+    return Request("enable_host", {"host": host}, None, ("host", host, f"enable of {host}"))

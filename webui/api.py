@@ -1,0 +1,222 @@
+"""REST API `/api/v1`: every listing and action of the console, JSON in and out.
+
+Actions answer 202 with the queued task (`GET /api/v1/tasks/<id>` follows it); refusals answer at
+once with `{"error": {"code", "message"}}` and change nothing. The OpenAPI document is served at
+`/api/v1/openapi.json`.
+"""
+
+from flask import Blueprint, g, jsonify, request
+
+from vmmgr import overview, requests
+from vmmgr.errors import InvalidRequest, NotFound
+from vmmgr.spec import validate_name
+
+from . import backend
+from .auth import api_role
+from .openapi import document
+
+bp = Blueprint("api", __name__, url_prefix="/api/v1")
+QUERY = {"api.list_tasks": {"count"}, "api.list_events": {"count"}}  # the rest take none
+
+
+@bp.before_request
+def _no_unknown_query_parameters():
+    unknown = sorted(set(request.args) - QUERY.get(request.endpoint, set()))
+    if unknown and request.endpoint:
+        raise InvalidRequest(f"unknown query parameter(s): {', '.join(unknown)}")
+
+TYPES = {int: "an integer", float: "a number", str: "a string", dict: "an object"}
+
+
+def body(fields: dict[str, type], required: tuple[str, ...] = ()) -> dict:
+    """The JSON object in the request, its fields checked against `fields` (name: type)."""
+    raw = request.get_data()
+    data = request.get_json(silent=True) if raw.strip() else {}
+    if not isinstance(data, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}")
+    for key, kind in fields.items():
+        value = data.get(key)
+        if value is None:
+            if key in required:
+                raise InvalidRequest(f"field {key!r} is required")
+            continue
+        ok = (isinstance(value, (int, float)) if kind is float else isinstance(value, kind))
+        if isinstance(value, bool) or not ok:
+            raise InvalidRequest(f"field {key!r} must be {TYPES[kind]}")
+        if kind is dict and not all(isinstance(v, str) for v in value.values()):
+            raise InvalidRequest(f"field {key!r} must map names to strings")
+    return {k: v for k, v in data.items() if v is not None}  # null means "not given"
+
+
+def act(build):
+    """Check a request against the fleet (`build(fleet)` raises a refusal), queue it: 202."""
+    with backend.fleet() as fleet:
+        req = build(fleet)
+    task = backend.submit(req)
+    backend.state().event(f"{task['op']} submitted by {g.user.name} (web API)", task=task["task"])
+    return jsonify(task), 202
+
+
+@bp.get("/openapi.json")
+def openapi():
+    return jsonify(document())
+
+
+# ---- hosts --------------------------------------------------------------------------------
+
+@bp.get("/hosts")
+@api_role("viewer")
+def list_hosts():
+    with backend.fleet() as fleet:
+        return jsonify(overview.host_rows(fleet))
+
+
+@bp.get("/hosts/<name>")
+@api_role("viewer")
+def get_host(name):
+    validate_name(name, "host")
+    with backend.fleet() as fleet:
+        fleet.host(name)  # NotFound for an unknown host
+        return jsonify(next(r for r in overview.host_rows(fleet) if r["name"] == name))
+
+
+@bp.post("/hosts/<name>/drain")
+@api_role("operator")
+def drain_host(name):
+    data = body({"timeout": float})
+    return act(lambda fleet: requests.evacuate(fleet, validate_name(name, "host"), deadline=False,
+                                               timeout=data.get("timeout", 600.0)))
+
+
+@bp.post("/hosts/<name>/reclaim")
+@api_role("operator")
+def reclaim_host(name):
+    body({})
+    return act(lambda fleet: requests.evacuate(fleet, validate_name(name, "host"), deadline=True))
+
+
+@bp.post("/hosts/<name>/enable")
+@api_role("operator")
+def enable_host(name):
+    body({})
+    return act(lambda fleet: requests.enable(fleet, validate_name(name, "host")))
+
+
+# ---- VMs ----------------------------------------------------------------------------------
+
+@bp.get("/vms")
+@api_role("viewer")
+def list_vms():
+    with backend.fleet() as fleet:
+        return jsonify(overview.vm_rows(fleet))
+
+
+@bp.post("/vms")
+@api_role("operator")
+def create_vm():
+    data = body({"name": str, "workload": str, "params": dict, "memory_mib": int, "vcpus": int,
+                 "host": str, "gpu_model": str, "gpu_count": int}, required=("name",))
+    return act(lambda fleet: requests.create(
+        fleet, data["name"], workload=data.get("workload") or "counter",
+        params=data.get("params"), memory_mib=data.get("memory_mib", 128),
+        vcpus=data.get("vcpus", 1), host=data.get("host"), gpu_model=data.get("gpu_model", ""),
+        gpu_count=data.get("gpu_count", 1 if data.get("gpu_model") else 0)))
+
+
+@bp.get("/vms/<name>")
+@api_role("viewer")
+def get_vm(name):
+    validate_name(name)
+    with backend.fleet() as fleet:
+        row = overview.vm_row(fleet, name)
+    return jsonify(row | {"operation": backend.operation(name),
+                          "migrations": backend.state().migrations(name)})
+
+
+@bp.delete("/vms/<name>")
+@api_role("operator")
+def destroy_vm(name):
+    return act(lambda fleet: requests.destroy(fleet, name))
+
+
+@bp.get("/vms/<name>/targets")
+@api_role("viewer")
+def vm_targets(name):
+    validate_name(name)
+    with backend.fleet() as fleet:
+        return jsonify(overview.targets(fleet, name))
+
+
+@bp.get("/vms/<name>/migrations")
+@api_role("viewer")
+def vm_migrations(name):
+    validate_name(name)
+    with backend.fleet() as fleet:
+        if fleet.find(name) is None and not fleet.is_suspended(name):
+            raise NotFound(f"unknown VM {name!r}")
+    return jsonify(backend.state().migrations(name))
+
+
+@bp.post("/vms/<name>/migrate")
+@api_role("operator")
+def migrate_vm(name):
+    data = body({"target": str, "policy": str, "bandwidth_mibps": int}, required=("target",))
+    return act(lambda fleet: requests.migrate(
+        fleet, validate_name(name), validate_name(data["target"], "host"), data.get("policy"),
+        data.get("bandwidth_mibps")))
+
+
+@bp.post("/vms/<name>/cancel")
+@api_role("operator")
+def cancel_migration(name):
+    body({})
+    return act(lambda fleet: requests.cancel(fleet, name))
+
+
+@bp.post("/vms/<name>/suspend")
+@api_role("operator")
+def suspend_vm(name):
+    data = body({"mode": str})
+    return act(lambda fleet: requests.suspend(fleet, name, data.get("mode")))
+
+
+@bp.post("/vms/<name>/resume")
+@api_role("operator")
+def resume_vm(name):
+    data = body({"host": str})
+    host = data.get("host")
+    host = validate_name(host, "host") if host else None
+    return act(lambda fleet: requests.resume(fleet, name, host))
+
+
+# ---- tasks and events ---------------------------------------------------------------------
+
+@bp.get("/tasks")
+@api_role("viewer")
+def list_tasks():
+    return jsonify(backend.state().recent_tasks(_count(50)))
+
+
+@bp.get("/tasks/<task_id>")
+@api_role("viewer")
+def get_task(task_id):
+    status = backend.task_status(task_id) if len(task_id) <= 64 else None
+    if status is None:
+        raise NotFound(f"unknown task {task_id!r}")
+    return jsonify(status)
+
+
+@bp.get("/events")
+@api_role("viewer")
+def list_events():
+    return jsonify(backend.state().events(count=_count(100)))
+
+
+def _count(default: int) -> int:
+    raw = request.args.get("count", str(default))
+    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+        raise InvalidRequest("count must be a whole number from 1 to 1000")
+    return int(raw)

@@ -1,0 +1,104 @@
+"""Who is asking: sessions (with CSRF-protected forms) for pages, bearer tokens for the REST API,
+and the role each route needs (viewer < operator < admin; a viewer cannot act)."""
+
+from functools import wraps
+from urllib.parse import urlsplit
+
+from flask import (Blueprint, abort, current_app, flash, g, redirect, render_template, request,
+                   url_for)
+from flask_login import LoginManager, UserMixin, current_user, login_user, logout_user
+from flask_wtf.csrf import CSRFProtect
+
+from vmmgr.users import User, Users
+
+from .errors import Forbidden, Unauthenticated
+
+bp = Blueprint("auth", __name__)
+csrf = CSRFProtect()
+login_manager = LoginManager()
+login_manager.login_view = "auth.login"
+login_manager.login_message = "Log in to see the fleet."
+
+
+class SessionUser(UserMixin):
+    def __init__(self, user: User):
+        self.user = user
+        self.id = user.name
+
+
+def users() -> Users:
+    return Users(current_app.config["VMMGR_PATHS"].users)
+
+
+@login_manager.user_loader
+def _load(name: str) -> SessionUser | None:
+    user = users().get(name)  # a removed user's session ends at the next request
+    return SessionUser(user) if user else None
+
+
+def init_app(app) -> None:
+    csrf.init_app(app)
+    login_manager.init_app(app)
+
+    @app.context_processor
+    def _who():
+        user = current_user.user if current_user.is_authenticated else None
+        return {"me": user}
+
+
+def page_role(role: str):
+    """A page for logged-in users with at least `role`."""
+    def wrap(view):
+        @wraps(view)
+        def inner(*args, **kwargs):
+            if not current_user.is_authenticated:
+                return login_manager.unauthorized()
+            if not current_user.user.can(role):
+                abort(403, f"this needs the {role} role; you are {current_user.user.role}")
+            g.user = current_user.user
+            return view(*args, **kwargs)
+        return inner
+    return wrap
+
+
+def api_role(role: str):
+    """An API route for a bearer token whose user has at least `role`."""
+    def wrap(view):
+        @wraps(view)
+        def inner(*args, **kwargs):
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            user = users().by_token(token.strip()) if scheme.lower() == "bearer" and token else None
+            if user is None:
+                raise Unauthenticated("a valid API token is needed: Authorization: Bearer <token>")
+            if not user.can(role):
+                raise Forbidden(f"this needs the {role} role; the token's user is {user.role}")
+            g.user = user
+            return view(*args, **kwargs)
+        return inner
+    return wrap
+
+
+@bp.route("/login", methods=["GET", "POST"])
+def login():
+    if request.method == "POST":
+        user = users().authenticate(request.form.get("name", ""), request.form.get("password", ""))
+        if user is None:
+            flash("Wrong name or password.", "error")
+            return render_template("login.html"), 401
+        login_user(SessionUser(user))
+        return redirect(_safe_next(request.args.get("next")))
+    return render_template("login.html")
+
+
+@bp.route("/logout", methods=["POST"])
+def logout():
+    logout_user()
+    return redirect(url_for("auth.login"))
+
+
+def _safe_next(target: str | None) -> str:
+    """Only a path on this site: never an open redirect."""
+    if target and target.startswith("/") and not target.startswith("//") \
+            and not urlsplit(target).netloc:
+        return target
+    return url_for("pages.fleet")

@@ -1,0 +1,125 @@
+"""The console's one door to the fleet: Fleet (libvirt) for what is, the task API for what to do,
+FleetState (Redis) for records, progress and events."""
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from celery.result import AsyncResult
+from flask import current_app
+
+from tasks import client
+from tasks.app import CONTROL_QUEUE, app as celery_app, host_queue, use_broker
+from tasks.runtime import LockSpec
+from vmmgr import console
+from vmmgr.fleet import Fleet
+from vmmgr.paths import Paths
+from vmmgr.requests import Request
+from vmmgr.state import FleetState
+
+from .errors import BrokerMissing
+
+
+def paths() -> Paths:
+    return current_app.config["VMMGR_PATHS"]
+
+
+@contextmanager
+def fleet() -> Iterator[Fleet]:
+    with Fleet(paths()) as f:
+        yield f
+
+
+def broker_url() -> str:
+    url = paths().redis_url()
+    if not url:
+        raise BrokerMissing("no task broker configured ($VMMGR_REDIS_URL or <home>/redis.url)")
+    use_broker(url)
+    return url
+
+
+def state() -> FleetState:
+    return FleetState(broker_url())
+
+
+def submit(req: Request) -> dict:
+    """Queue a checked request; the lock is taken first, so a busy VM is refused here."""
+    broker_url()
+    queue = host_queue(req.host) if req.host else CONTROL_QUEUE
+    task_id = client.submit(paths(), req.op, req.kwargs, queue,
+                            LockSpec(*req.lock) if req.lock else None)
+    return {"task": task_id, "op": req.op, "queue": queue}
+
+
+def task_status(task_id: str) -> dict | None:
+    """A task's record with its live state: progress and events while it runs, then its result
+    or error. None for a task vmmgr never queued."""
+    record = state().task(task_id)
+    if not record:
+        return None
+    result = AsyncResult(task_id, app=celery_app)
+    status, info = result.state, result.info
+    out = {"task": task_id, "op": record.get("name", ""), "queue": record.get("queue", ""),
+           "submitted_at": float(record.get("submitted", 0) or 0),
+           "worker": record.get("worker", ""), "runs": int(record.get("runs", 0) or 0),
+           "state": status, "progress": None, "events": [], "result": None, "error": None}
+    if status == "PROGRESS" and isinstance(info, dict):
+        out["progress"], out["events"] = info.get("progress"), info.get("events", [])
+    elif status == "SUCCESS":
+        out["result"] = json.loads(json.dumps(info, default=str))
+    elif status == "FAILURE":
+        out["error"] = str(info)
+    return out
+
+
+def operation(vm: str) -> dict | None:
+    """The task holding the VM's lock now, if any: (task id, what)."""
+    holder = state().holder("vm", vm)
+    if not holder:
+        return None
+    task_id, _, what = holder.partition(" ")
+    return {"task": task_id, "what": what}
+
+
+def last_operation(vm: str, recent: int = 50) -> dict | None:
+    """The VM's most recent locked operation (a migration, suspend, ...) among recent tasks."""
+    for t in state().recent_tasks(recent):
+        args = json.loads(t.get("args") or "{}")
+        if vm in (args.get("vm"), (args.get("spec") or {}).get("name")) and t.get("name") != "cancel":
+            return {"task": t["id"], "what": t.get("what") or t.get("name", "")}
+    return None
+
+
+def progress_stream(vm: str) -> Iterator[dict]:
+    """Snapshots of the VM's current (or else its last) operation, each time they change."""
+    followed, last = operation(vm) or last_operation(vm), None
+    deadline = time.monotonic() + current_app.config["SSE_MAX_SECONDS"]
+    while time.monotonic() < deadline:
+        op = operation(vm)
+        if op and op["task"] != (followed or {}).get("task"):
+            followed = op
+        snap = {"vm": vm, "operation": None}
+        if followed:
+            status = task_status(followed["task"]) or {"state": "PENDING"}
+            snap["operation"] = followed | status
+            if status["state"] in ("SUCCESS", "FAILURE") and not op:
+                followed = None  # shown once more below, then the next operation is awaited
+        if snap != last:
+            yield snap
+            last = snap
+        time.sleep(0.4)
+
+
+def console_stream(vm: str, tail: int = 65536) -> Iterator[str]:
+    """The VM's serial output as text: the last `tail` bytes written so far, then what follows,
+    across every host the VM moves to."""
+    consoles = paths().consoles
+    deadline = time.monotonic() + current_app.config["SSE_MAX_SECONDS"]
+    skip = max(0, len(console.read(consoles, vm)) - tail)
+    for chunk in console.follow(consoles, vm, stop=lambda: time.monotonic() > deadline):
+        if skip:
+            cut = min(skip, len(chunk))
+            chunk, skip = chunk[cut:], skip - cut
+        if chunk:
+            yield chunk.decode("utf-8", "replace")

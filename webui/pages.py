@@ -1,0 +1,173 @@
+"""The console's pages: fleet, VMs, one VM (live progress, history, console, actions), events.
+
+Actions are CSRF-protected form posts that queue a task and come back to the page, with the
+refusal (nothing changed) or the queued task flashed at the top.
+"""
+
+import itertools
+import json
+
+from flask import (Blueprint, Response, flash, g, redirect, render_template, request,
+                   stream_with_context, url_for)
+
+from vmmgr import overview, requests
+from vmmgr.errors import InvalidRequest, NotFound, VmmgrError
+from vmmgr.policy import DEFAULT_POLICY, POLICIES
+from vmmgr.workloads import WORKLOADS
+
+from . import backend
+from .auth import page_role
+
+bp = Blueprint("pages", __name__)
+
+
+@bp.get("/")
+@page_role("viewer")
+def fleet():
+    with backend.fleet() as f:
+        hosts = overview.host_rows(f)
+        vms = overview.vm_rows(f, hosts)
+    return render_template("fleet.html", hosts=hosts, vms=vms)
+
+
+@bp.get("/vms")
+@page_role("viewer")
+def vms():
+    with backend.fleet() as f:
+        hosts = overview.host_rows(f)
+        rows = overview.vm_rows(f, hosts)
+    return render_template("vms.html", vms=rows, hosts=hosts, workloads=WORKLOADS)
+
+
+@bp.get("/vms/<name>")
+@page_role("viewer")
+def vm(name):
+    with backend.fleet() as f:
+        row = overview.vm_row(f, name)
+        targets = overview.targets(f, name) if row["host"] != "-" else []
+        hosts = [h["name"] for h in overview.host_rows(f)]
+    st = backend.state()
+    return render_template("vm.html", vm=row, targets=targets, hosts=hosts,
+                           migrations=list(reversed(st.migrations(name))),
+                           operation=backend.operation(name), events=st.events(200, vm=name)[-20:],
+                           policies=POLICIES, default_policy=DEFAULT_POLICY)
+
+
+@bp.get("/vms/<name>/summary")
+@page_role("viewer")
+def vm_summary(name):
+    """The facts and history part of the VM page, refreshed after an operation ends."""
+    with backend.fleet() as f:
+        row = overview.vm_row(f, name)
+    return render_template("vm_summary.html", vm=row,
+                           migrations=list(reversed(backend.state().migrations(name))))
+
+
+@bp.get("/events")
+@page_role("viewer")
+def events():
+    return render_template("events.html", events=list(reversed(backend.state().events(300))))
+
+
+# ---- live streams (server-sent events) -------------------------------------------------------
+
+def _sse(chunks) -> Response:
+    def gen():
+        yield "retry: 1000\n\n"
+        for data in chunks:
+            yield f"data: {json.dumps(data)}\n\n"
+    return Response(stream_with_context(gen()), mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@bp.get("/vms/<name>/progress")
+@page_role("viewer")
+def vm_progress(name):
+    backend.broker_url()
+    return _sse(backend.progress_stream(name))
+
+
+@bp.get("/vms/<name>/console")
+@page_role("viewer")
+def vm_console(name):
+    with backend.fleet() as f:
+        if f.find(name) is None and not f.is_suspended(name):
+            raise NotFound(f"unknown VM {name!r}")
+    return _sse(itertools.chain([None], backend.console_stream(name)))  # None: clear the screen
+
+
+# ---- actions ---------------------------------------------------------------------------------
+
+def _act(build, back: str):
+    """Check and queue a request built from the fleet; flash the outcome and go back."""
+    try:
+        with backend.fleet() as f:
+            req = build(f)
+        task = backend.submit(req)
+        backend.state().event(f"{req.op} submitted by {g.user.name} (web console)",
+                              task=task["task"])
+        flash(f"{req.op.replace('_', ' ')} queued (task {task['task']})", "ok")
+    except VmmgrError as err:
+        flash(f"refused: {err}", "error")
+    return redirect(back, code=303)
+
+
+def _int(field: str, default: int | None) -> int | None:
+    raw = request.form.get(field, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise InvalidRequest(f"{field} must be a whole number, not {raw!r}")
+    return int(raw)
+
+
+@bp.post("/vms")
+@page_role("operator")
+def vm_create():
+    def build(f):
+        params = {}
+        for word in request.form.get("params", "").split():
+            key, sep, value = word.partition("=")
+            if not sep or not key:
+                raise InvalidRequest(f"parameters are KEY=VALUE words, not {word!r}")
+            params[key] = value
+        return requests.create(f, request.form.get("name", "").strip(),
+                               workload=request.form.get("workload") or "counter", params=params,
+                               memory_mib=_int("memory_mib", 128), vcpus=_int("vcpus", 1),
+                               host=request.form.get("host") or None,
+                               gpu_model=request.form.get("gpu_model", ""),
+                               gpu_count=1 if request.form.get("gpu_model") else 0)
+    return _act(build, url_for("pages.vms"))
+
+
+@bp.post("/vms/<name>/migrate")
+@page_role("operator")
+def vm_migrate(name):
+    return _act(lambda f: requests.migrate(f, name, request.form.get("target", ""),
+                                           request.form.get("policy") or None,
+                                           _int("bandwidth_mibps", None)),
+                url_for("pages.vm", name=name))
+
+
+@bp.post("/vms/<name>/<action>")
+@page_role("operator")
+def vm_action(name, action):
+    builders = {"cancel": lambda f: requests.cancel(f, name),
+                "suspend": lambda f: requests.suspend(f, name),
+                "resume": lambda f: requests.resume(f, name, request.form.get("host") or None),
+                "destroy": lambda f: requests.destroy(f, name)}
+    if action not in builders:
+        raise NotFound(f"no action {action!r}")
+    back = url_for("pages.vms") if action == "destroy" else url_for("pages.vm", name=name)
+    return _act(builders[action], back)
+
+
+@bp.post("/hosts/<name>/<action>")
+@page_role("operator")
+def host_action(name, action):
+    builders = {"drain": lambda f: requests.evacuate(f, name, deadline=False),
+                "reclaim": lambda f: requests.evacuate(f, name, deadline=True),
+                "enable": lambda f: requests.enable(f, name)}
+    if action not in builders:
+        raise NotFound(f"no action {action!r}")
+    return _act(builders[action], url_for("pages.fleet"))
