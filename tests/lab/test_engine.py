@@ -45,7 +45,12 @@ def test_heavy_dirtier_converges_under_the_default_policy(make_vm, fleet, paths)
     assert where_defined(fleet, "heavy") == ["host2"]
     assert result.memory_iterations > 2 or result.postcopy
     assert result.postcopy or result.downtime_ms <= 300
-    assert any(p.warning and "faster than it can be sent" in p.warning for p in progress)
+    # Every poll that measured the guest outpacing the link carried the warning, and no other.
+    # (Whether a given poll measures it depends on how much CPU the TCG guest got: on a loaded
+    # 2-core machine some runs never sample it, so its presence is not asserted.)
+    outpaced = [p.speed_bps and p.dirty_rate_bps > p.speed_bps for p in progress]
+    assert [bool(p.warning and "faster than it can be sent" in p.warning) for p in progress] \
+        == [bool(o) for o in outpaced]
     assert any(p.event and p.event.startswith("downtime limit") for p in progress)
     # The guest keeps verifying every page it rewrites: several passes after the move, all intact.
     before = wait_dirtier_passes(paths, "heavy", 0)
