@@ -169,9 +169,11 @@ class Lab:
             shutil.rmtree(self.root / "hosts", ignore_errors=True)
             inventory = Inventory(self.paths.inventory)
             inventory.remove({r.name for r in inventory.records() if r.lab})
-            # The lab's VMs are gone, and so are their consoles, suspended images and addresses.
+            # The lab's VMs are gone, and so are their consoles, suspended images, swap disks
+            # and addresses.
             shutil.rmtree(self.paths.consoles, ignore_errors=True)
             shutil.rmtree(self.paths.saves, ignore_errors=True)
+            shutil.rmtree(self.paths.storage / "disks", ignore_errors=True)
             shutil.rmtree(self.paths.storage / "addresses", ignore_errors=True)
             (self.root / "state.json").unlink(missing_ok=True)
             return removed
