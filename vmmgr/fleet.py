@@ -18,7 +18,7 @@ from .inventory import Inventory
 from .locks import vm_operation
 from .paths import Paths
 from .placement import refusal
-from .render import domain_xml
+from .render import domain_xml, workload_of
 from .spec import VMSpec, validate_name
 
 
@@ -119,10 +119,11 @@ class Fleet:
                 continue
             for g in guests:
                 if g.is_persistent():  # the transient twin of an incoming migration is not a VM
-                    live, why = g.live_migratable()
+                    xml = g.xml()  # once: workload, devices and migratability all read it
+                    live, why = devices.live_migratable(xml)
                     infos.append(
                         VMInfo(g.name, host.name, g.state(), g.memory_mib(), g.vcpus(),
-                               g.workload(), *g.device_needs(), live, "" if live else why)
+                               workload_of(xml), *devices.wanted(xml), live, "" if live else why)
                     )
         return sorted(infos, key=lambda i: i.name)
 

@@ -7,7 +7,7 @@ import libvirt
 
 from . import devices
 from .libvirt_errors import translated
-from .render import XMLNS
+from .render import workload_of
 
 _STATES = {
     libvirt.VIR_DOMAIN_NOSTATE: "nostate",
@@ -85,8 +85,7 @@ class Guest:
         return Path(source.get("path")) if source is not None and source.get("path") else None
 
     def workload(self) -> str:
-        node = ET.fromstring(self.xml()).find(f"./metadata/{{{XMLNS}}}vm/{{{XMLNS}}}workload")
-        return (node.text or "") if node is not None else ""
+        return workload_of(self.xml())
 
     def device_needs(self) -> tuple[str, int]:
         """(model, count) of the passed-through devices the VM asks for."""

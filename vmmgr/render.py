@@ -49,6 +49,12 @@ def address_of(xml: str) -> str | None:
     return el.text if el is not None and el.text else None
 
 
+def workload_of(xml: str) -> str:
+    """The built-in workload recorded in a domain's metadata ("" for a user kernel)."""
+    el = ET.fromstring(xml).find(f"./metadata/{{{XMLNS}}}vm/{{{XMLNS}}}workload")
+    return (el.text or "") if el is not None else ""
+
+
 def set_console_path(xml: str, path: Path) -> str:
     """The same domain XML with its serial console (and the console that mirrors it) at `path`."""
     ET.register_namespace("vmmgr", XMLNS)
