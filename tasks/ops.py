@@ -14,6 +14,7 @@ from vmmgr.addresses import pool_for
 from vmmgr.edge import Edge
 from vmmgr.errors import Conflict, HostUnreachable, NotFound, VmmgrError
 from vmmgr.fleet import Fleet
+from vmmgr.guest import read_each
 from vmmgr.inventory import HostRecord
 from vmmgr.paths import default_paths
 from vmmgr.placement import choose_host
@@ -263,7 +264,7 @@ def _repair_edge(run: Run, fleet: Fleet) -> list[str]:
     # that. So: only when nothing moves (a VM lock, a host being emptied, a libvirt job).
     try:
         if any(run.state.holder("vm", vm) for vm in pool.in_use().values()) or any(
-                h.record.state == "draining" or any(g.has_job() for g in h.guests())
+                h.record.state == "draining" or any(read_each(h.guests(), lambda g: g.has_job()))
                 for h in fleet.hosts()):
             return []
     except VmmgrError:

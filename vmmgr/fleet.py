@@ -12,7 +12,7 @@ from . import console, devices
 from .addresses import NetworkConfig, pool_for
 from .edge import Edge
 from .errors import Conflict, HostUnreachable, InvalidRequest, NotFound, VmmgrError
-from .guest import Guest
+from .guest import Guest, read_each
 from .host import Capacity, Host
 from .inventory import Inventory
 from .locks import vm_operation
@@ -117,15 +117,17 @@ class Fleet:
                 guests = host.guests()
             except HostUnreachable:
                 continue
-            for g in guests:
-                if g.is_persistent():  # the transient twin of an incoming migration is not a VM
-                    xml = g.xml()  # once: workload, devices and migratability all read it
-                    live, why = devices.live_migratable(xml)
-                    infos.append(
-                        VMInfo(g.name, host.name, g.state(), g.memory_mib(), g.vcpus(),
-                               workload_of(xml), *devices.wanted(xml), live, "" if live else why)
-                    )
+            infos += [i for i in read_each(guests, lambda g: self._info(host.name, g)) if i]
         return sorted(infos, key=lambda i: i.name)
+
+    @staticmethod
+    def _info(host_name: str, g: Guest) -> VMInfo | None:
+        if not g.is_persistent():  # the transient twin of an incoming migration is not a VM
+            return None
+        xml = g.xml()  # once: workload, devices and migratability all read it
+        live, why = devices.live_migratable(xml)
+        return VMInfo(g.name, host_name, g.state(), g.memory_mib(), g.vcpus(), workload_of(xml),
+                      *devices.wanted(xml), live, "" if live else why)
 
     def create(self, spec: VMSpec, host_name: str) -> Guest:
         """Define and start `spec` on a host; on any failure nothing is left defined."""

@@ -6,6 +6,7 @@ from pathlib import Path
 import libvirt
 
 from . import devices
+from .errors import NotFound
 from .libvirt_errors import translated
 from .render import workload_of
 
@@ -19,6 +20,20 @@ _STATES = {
     libvirt.VIR_DOMAIN_CRASHED: "crashed",
     libvirt.VIR_DOMAIN_PMSUSPENDED: "pmsuspended",
 }
+
+
+def read_each(guests: list["Guest"], read) -> list:
+    """`read(g)` for every listed guest that still exists when it is read.
+
+    A listing is a moment: the incoming twin of a migration vanishes when the migration ends or
+    is cancelled, and a destroyed VM with it. Such a guest is simply gone, not an error."""
+    out = []
+    for g in guests:
+        try:
+            out.append(read(g))
+        except NotFound:
+            continue
+    return out
 
 
 class Guest:

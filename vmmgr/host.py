@@ -10,7 +10,7 @@ import libvirt
 from . import devices
 from .devices import Device
 from .errors import NotFound
-from .guest import Guest
+from .guest import Guest, read_each
 from .inventory import HostRecord
 from .libvirt_errors import translated
 from .libvirt_events import ensure_loop
@@ -120,22 +120,23 @@ class Host:
     def capacity(self) -> Capacity:
         with translated(f"host info of {self.name}"):
             _model, memory_mib, cpus, *_ = self.conn.getInfo()
-        guests = self.guests()
+        # An incoming migration's twin counts: its room is taken until the migration ends.
+        sizes = read_each(self.guests(), lambda g: (g.name, g.memory_mib(), g.vcpus(),
+                                                     self._held(g)))
         return Capacity(
             memory_mib=self.record.memory_mib or memory_mib,
             vcpus=self.record.vcpus or cpus,
-            used_memory_mib=sum(g.memory_mib() for g in guests),
-            used_vcpus=sum(g.vcpus() for g in guests),
-            vms=tuple(sorted(g.name for g in guests)),
-            free_devices=tuple(d.model for d in self._free_devices(guests)),
+            used_memory_mib=sum(s[1] for s in sizes),
+            used_vcpus=sum(s[2] for s in sizes),
+            vms=tuple(sorted(s[0] for s in sizes)),
+            free_devices=tuple(d.model for d in devices.free(self.record.devices,
+                                                             {a for s in sizes for a in s[3]})),
         )
 
     def free_devices(self, model: str) -> list[Device]:
         """This host's devices of `model` that no VM defined here holds."""
-        return [d for d in self._free_devices(self.guests()) if d.model == model]
+        held = {a for h in read_each(self.guests(), self._held) for a in h}
+        return [d for d in devices.free(self.record.devices, held) if d.model == model]
 
-    def _free_devices(self, guests: list[Guest]) -> list[Device]:
-        if not self.record.devices:
-            return []
-        held = {a for g in guests for a in devices.held(g.xml())}
-        return devices.free(self.record.devices, held)
+    def _held(self, g: Guest) -> list[str]:
+        return devices.held(g.xml()) if self.record.devices else []

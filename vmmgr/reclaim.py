@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from . import devices, suspend
 from .errors import VmmgrError
 from .fleet import Fleet
-from .guest import Guest
+from .guest import Guest, read_each
 from .host import Capacity, Host
 from .migration import migrate
 from .placement import choose_host
@@ -105,9 +105,7 @@ def evacuate(fleet: Fleet, host: str, deadline: bool, per_target: int = 2, paral
         # A job already running here (a migration or save an earlier, dead run started) ends
         # first: libvirt finishes it without its caller, and the plan must see where VMs ended up.
         _wait_for_jobs(source, on_event, timeout=wait_timeout)
-        vms = [VMSize(g.name, g.memory_mib(), g.vcpus(), *g.device_needs(),
-                      live=g.live_migratable()[0])
-               for g in source.guests() if g.is_persistent()]
+        vms = [v for v in read_each(source.guests(), _size) if v]
         if not vms:
             break
         steps = plan_evacuation(vms, fleet.active_capacities(exclude=host), deadline)
@@ -116,7 +114,8 @@ def evacuate(fleet: Fleet, host: str, deadline: bool, per_target: int = 2, paral
             break
         if all(s.action == "wait" for s in steps):
             time.sleep(2)  # drain: wait for room
-    left = [g.name for g in fleet.host(host).guests() if g.is_persistent()]
+    left = [n for n in read_each(fleet.host(host).guests(),
+                                 lambda g: g.is_persistent() and g.name) if n]
     if not left:
         fleet.inventory.set_state(host, "reclaimed")
         on_event(f"{host}: empty, reclaimed")
@@ -124,10 +123,17 @@ def evacuate(fleet: Fleet, host: str, deadline: bool, per_target: int = 2, paral
     return report
 
 
+def _size(g: Guest) -> VMSize | None:
+    if not g.is_persistent():  # an incoming migration's twin is not this host's to move
+        return None
+    return VMSize(g.name, g.memory_mib(), g.vcpus(), *g.device_needs(), live=g.live_migratable()[0])
+
+
 def _wait_for_jobs(source: Host, on_event, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        busy = [g.name for g in _guests_or_none(source) if g.has_job()]
+        busy = [n for n in read_each(_guests_or_none(source), lambda g: g.has_job() and g.name)
+                if n]
         if not busy:
             return
         on_event(f"waiting for the jobs already running on {', '.join(busy)}")

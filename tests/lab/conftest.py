@@ -26,6 +26,14 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: not item.fspath.basename.startswith("test_lab_lifecycle"))
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test item, so a fixture can tell that its test failed."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"report_{report.when}", report)
+
+
 @pytest.fixture(scope="session")
 def paths():
     if os.geteuid() != 0:

@@ -49,7 +49,7 @@ def console_url(lab, paths):
 
 
 @pytest.fixture
-def browser():
+def browser(request):
     for tool in ("chromium", "chromedriver"):
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} is missing: `./run setup` installs Debian's chromium packages")
@@ -62,10 +62,9 @@ def browser():
     ARTIFACTS.mkdir(exist_ok=True)
     try:
         yield driver
-    except BaseException:
-        driver.save_screenshot(str(ARTIFACTS / "web-failure.png"))  # what the browser showed
-        (ARTIFACTS / "web-failure.html").write_text(driver.page_source)
-        raise
+        if getattr(request.node, "report_call", None) is None or request.node.report_call.failed:
+            driver.save_screenshot(str(ARTIFACTS / "web-failure.png"))  # what the browser showed
+            (ARTIFACTS / "web-failure.html").write_text(driver.page_source)
     finally:
         driver.quit()
         shutil.rmtree(f"/tmp/vmmgr-chromium-{os.getpid()}", ignore_errors=True)
@@ -82,7 +81,11 @@ def until(what, timeout: float, message: str):
 
 
 def text(driver, element_id: str) -> str:
-    return driver.find_element(By.ID, element_id).text
+    found = driver.find_elements(By.ID, element_id)
+    if not found:  # say which page the browser is on, and what it says, instead of a bare miss
+        said = " | ".join(e.text for e in driver.find_elements(By.CSS_SELECTOR, "h1, .flash"))
+        raise AssertionError(f"no #{element_id} on {driver.current_url}: {said}")
+    return found[0].text
 
 
 def terminal_ticks(driver) -> list[int]:
