@@ -14,6 +14,7 @@ here, never in the production path.
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -34,6 +35,7 @@ from .inventory import HostRecord, Inventory
 from .lab_net import LabNetwork, hook_script
 from .lab_services import Services
 from .paths import Paths
+from .qemu_defects import tcg_migration_warning
 from .workloads import BASE_CMDLINE
 
 PREFIX = "vmmgr-"
@@ -126,7 +128,8 @@ class Lab:
             for h in pending:
                 self._remove_host(h)
             # The first daemon probes QEMU; later ones start from its cached answer.
-            if pending and not self._caps_cache().is_dir():
+            if pending and not self._caps_cache_current():
+                shutil.rmtree(self._caps_cache(), ignore_errors=True)
                 self._start_host(pending[0])
                 self._wait_ready(pending[0])
                 self._probe_and_save_caps(pending[0])
@@ -141,6 +144,7 @@ class Lab:
                            devices=lab_devices(i))
                 for i, h in enumerate(self.running_hosts())
             ]
+            self._warn_of_known_defects(accel, records[0].uri)
             inventory = Inventory(self.paths.inventory)
             for r in records:
                 inventory.add(r, replace=True)
@@ -206,6 +210,15 @@ class Lab:
         return sorted(hosts, key=lambda h: h.index)
 
     # ---- accelerator --------------------------------------------------------------------
+
+    def _warn_of_known_defects(self, accel: str, uri: str) -> None:
+        conn = libvirt.open(uri)
+        try:
+            warning = tcg_migration_warning(accel, conn.getVersion())
+        finally:
+            conn.close()
+        if warning:
+            self.log(f"warning: {warning}")
 
     def _detect_accel(self, image: BuiltinImage) -> str:
         cached = self.root / "accel"
@@ -334,6 +347,18 @@ class Lab:
 
     def _caps_cache(self) -> Path:
         return self.root / "qemu-capabilities"
+
+    def _caps_cache_current(self) -> bool:
+        """Whether the saved probes are of the QEMU installed now (libvirt's own test: the ctime
+        of each emulator binary), so that a QEMU upgrade is probed once again, not on every host."""
+        saved = [p.read_text() for p in self._caps_cache().glob("*.xml")]
+        for xml in saved:
+            emulator = re.search(r"<emulator>([^<]+)</emulator>", xml)
+            ctime = re.search(r"<qemuctime>(\d+)</qemuctime>", xml)
+            if not (emulator and ctime and os.path.exists(emulator.group(1))
+                    and int(ctime.group(1)) == int(os.stat(emulator.group(1)).st_ctime)):
+                return False
+        return bool(saved)
 
     def _probe_and_save_caps(self, h: LabHost) -> None:
         # libvirtd probes QEMU lazily, on the first VM: make it happen now, once for all hosts.

@@ -5,11 +5,10 @@ import netaddr
 from .errors import InvalidRequest
 
 # Kernel and init stay silent on the serial console: only the workload writes there.
-# pti=on: under TCG, QEMU 7.2's dirty tracking misses writes made through softmmu TLB entries that
-# outlive a dirty-bitmap sync. Global kernel mappings live that long, so after a few pre-copy passes
-# the guest kernel arrives corrupted (seen in the lab: panics right after the switch-over). With
-# page-table isolation kernel mappings are not global and every kernel entry flushes them; with it
-# 14-pass migrations arrived intact. It costs a little on KVM, where the problem does not exist.
+# pti=on: under TCG, QEMU before 9.0 misses writes made through softmmu TLB entries that outlive a
+# dirty-bitmap sync (see qemu_defects.py), and a guest kernel could arrive corrupted. With page-table
+# isolation every kernel entry from user space reloads CR3, which flushes that TLB: the loss became
+# rarer, not impossible (the lab takes a fixed QEMU). It costs a little on KVM, which is unaffected.
 BASE_CMDLINE = "console=ttyS0 quiet loglevel=0 panic=-1 pti=on"
 
 def endpoint(value: str) -> str:

@@ -32,7 +32,8 @@ def test_operations_run_on_the_workers_and_leave_records(lab, fleet, paths, stat
     try:
         cli("vm", "create", "tk1", "--host", "host1", check_code=0)
         wait_ticks(paths, "tk1", 2)
-        proc = cli("migrate", "tk1", "--to", "host2", check_code=0)
+        # 30 MiB/s: a few seconds of progress (unlimited, QEMU 10 moves the VM in half a second)
+        proc = cli("migrate", "tk1", "--to", "host2", "--bandwidth", "30", check_code=0)
         assert "host1 -> host2" in proc.stdout and "%" in proc.stderr  # progress came through
         tasks = {t["name"]: t for t in recent(10) if "tk1" in t["args"]}
         # Each ran on the worker of the host that holds the VM, and succeeded once.
