@@ -4,6 +4,7 @@ import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import libvirt
 
@@ -121,16 +122,15 @@ class Host:
         with translated(f"host info of {self.name}"):
             _model, memory_mib, cpus, *_ = self.conn.getInfo()
         # An incoming migration's twin counts: its room is taken until the migration ends.
-        sizes = read_each(self.guests(), lambda g: (g.name, g.memory_mib(), g.vcpus(),
-                                                     self._held(g)))
+        sizes = read_each(self.guests(), self._size)
+        held = {address for s in sizes for address in s.held}
         return Capacity(
             memory_mib=self.record.memory_mib or memory_mib,
             vcpus=self.record.vcpus or cpus,
-            used_memory_mib=sum(s[1] for s in sizes),
-            used_vcpus=sum(s[2] for s in sizes),
-            vms=tuple(sorted(s[0] for s in sizes)),
-            free_devices=tuple(d.model for d in devices.free(self.record.devices,
-                                                             {a for s in sizes for a in s[3]})),
+            used_memory_mib=sum(s.memory_mib for s in sizes),
+            used_vcpus=sum(s.vcpus for s in sizes),
+            vms=tuple(sorted(s.name for s in sizes)),
+            free_devices=tuple(d.model for d in devices.free(self.record.devices, held)),
         )
 
     def free_devices(self, model: str) -> list[Device]:
@@ -138,5 +138,16 @@ class Host:
         held = {a for h in read_each(self.guests(), self._held) for a in h}
         return [d for d in devices.free(self.record.devices, held) if d.model == model]
 
+    def _size(self, g: Guest) -> "_GuestSize":
+        return _GuestSize(g.name, g.memory_mib(), g.vcpus(), self._held(g))
+
     def _held(self, g: Guest) -> list[str]:
         return devices.held(g.xml()) if self.record.devices else []
+
+
+class _GuestSize(NamedTuple):
+    """What one guest takes of its host, read once for `Host.capacity`."""
+    name: str
+    memory_mib: int
+    vcpus: int
+    held: list[str]
