@@ -16,6 +16,7 @@ from vmmgr.errors import Conflict, HostUnreachable, NotFound, VmmgrError
 from vmmgr.fleet import Fleet
 from vmmgr.guest import read_each
 from vmmgr.inventory import HostRecord
+from vmmgr.locks import Lease
 from vmmgr.paths import default_paths
 from vmmgr.placement import choose_host
 from vmmgr.policy import get_policy
@@ -41,7 +42,7 @@ def create(self, spec: dict, host: str | None = None) -> dict:
                          workload=spec.get("workload", ""), gpu_model=spec.get("gpu_model", ""),
                          gpu_count=spec.get("gpu_count", 0))
     vm = spec_obj.name
-    with Run(self, LockSpec("vm", vm, f"create {vm}")) as run, Fleet(paths) as fleet:
+    with Run(self, LockSpec("vm", vm, f"create {vm}")) as run, Fleet(paths, run.id) as fleet:
         existing = fleet.find(vm)
         if existing is not None and run.rerun:
             return {"vm": vm, "host": existing.host_name}  # the earlier run created it
@@ -63,7 +64,7 @@ def migrate(self, vm: str, target: str, policy: str | None = None,
             bandwidth: int | None = None) -> dict:
     chosen = get_policy(policy, bandwidth)
     with Run(self, LockSpec("vm", vm, f"migration of {vm} to {target}")) as run, \
-            Fleet(default_paths()) as fleet:
+            Fleet(default_paths(), run.id) as fleet:
         guest = _settled(fleet, vm, run)
         if guest.host_name == target and run.rerun:
             return {"vm": vm, "source": None, "target": target, "already_done": True}
@@ -95,7 +96,7 @@ def cancel(self, vm: str) -> dict:
 @operation("suspend")
 def suspend(self, vm: str, mode: str | None = None) -> dict:
     with Run(self, LockSpec("vm", vm, f"suspend of {vm}")) as run, \
-            Fleet(default_paths()) as fleet:
+            Fleet(default_paths(), run.id) as fleet:
         done = suspension.find_suspended(fleet, vm)
         if done is not None and run.rerun:
             return asdict(done)
@@ -115,7 +116,7 @@ def suspend(self, vm: str, mode: str | None = None) -> dict:
 @operation("resume")
 def resume(self, vm: str, host: str | None = None) -> dict:
     with Run(self, LockSpec("vm", vm, f"resume of {vm}")) as run, \
-            Fleet(default_paths()) as fleet:
+            Fleet(default_paths(), run.id) as fleet:
         if run.rerun and not fleet.is_suspended(vm) and fleet.find(vm) is not None:
             return {"vm": vm, "host": fleet.locate(vm).host_name, "already_done": True}
         run.state.record("resuming", vm, {"target": host or ""})
@@ -132,7 +133,7 @@ def resume(self, vm: str, host: str | None = None) -> dict:
 @operation("destroy")
 def destroy(self, vm: str) -> dict:
     with Run(self, LockSpec("vm", vm, f"destroy of {vm}")) as run, \
-            Fleet(default_paths()) as fleet:
+            Fleet(default_paths(), run.id) as fleet:
         try:
             where = fleet.destroy(vm)
         except NotFound:
@@ -157,7 +158,7 @@ def reclaim_host(self, host: str) -> dict:
 def _evacuate(task, host: str, deadline: bool, **kw) -> dict:
     verb = "reclaim" if deadline else "drain"
     with Run(task, LockSpec("host", host, f"{verb} of {host}")) as run, \
-            Fleet(default_paths()) as fleet:
+            Fleet(default_paths(), run.id) as fleet:
         report = reclaim.evacuate(fleet, host, deadline, on_event=run.event,
                                   on_record=run.state.record, **kw)
         return asdict(report)
@@ -166,7 +167,7 @@ def _evacuate(task, host: str, deadline: bool, **kw) -> dict:
 @operation("enable_host")
 def enable_host(self, host: str) -> dict:
     with Run(self, LockSpec("host", host, f"enable of {host}")) as run, \
-            Fleet(default_paths()) as fleet:
+            Fleet(default_paths(), run.id) as fleet:
         resumed = reclaim.enable(fleet, host, on_event=run.event, on_record=run.state.record)
         return {"host": host, "resumed": [asdict(r) for r in resumed]}
 
@@ -175,7 +176,7 @@ def enable_host(self, host: str) -> dict:
 def add_host(self, record: dict) -> dict:
     new = HostRecord.from_dict(record)
     with Run(self, LockSpec("host", new.name, f"add of {new.name}")) as run, \
-            Fleet(default_paths()) as fleet:
+            Fleet(default_paths(), run.id) as fleet:
         if run.rerun and new.name in {r.name for r in fleet.inventory.records()}:
             return record
         fleet.inventory.add(new)
@@ -192,13 +193,12 @@ def add_host(self, record: dict) -> dict:
 @operation("reconcile")
 def reconcile(self) -> dict:
     """Resume parked VMs where there is room, and make the records match libvirt."""
-    fleet_state = state()
     try:
-        fleet_state.acquire("fleet", "reconcile", self.request.id, "reconcile", 120)
+        lease = Lease(state(), "fleet", "reconcile", self.request.id, "reconcile").__enter__()
     except Conflict:
         return {"skipped": "another reconcile is running"}
-    try:
-        with Run(self, None) as run, Fleet(default_paths()) as fleet:
+    try:  # the lease is renewed while it runs: a slow reconcile never overlaps the next
+        with Run(self, None) as run, Fleet(default_paths(), run.id) as fleet:
             resumed = reclaim.resume_parked(fleet, on_event=run.event,
                                             on_record=run.state.record)
             repaired = _repair_records(run, fleet)
@@ -207,7 +207,7 @@ def reconcile(self) -> dict:
             return {"resumed": [r.vm for r in resumed], "repaired": repaired,
                     "rerouted": rerouted}
     finally:
-        fleet_state.release("fleet", "reconcile", self.request.id)
+        lease.__exit__(None, None, None)
 
 
 # ---- helpers ----------------------------------------------------------------------------
@@ -257,7 +257,7 @@ def _repair_records(run: Run, fleet: Fleet) -> list[str]:
 
 def _repair_edge(run: Run, fleet: Fleet) -> list[str]:
     """Make the edge route every running VM's address to the host libvirt says holds it."""
-    edge, pool = Edge.load(fleet.paths), pool_for(fleet.paths)
+    edge, pool = Edge.load(fleet.paths, fleet.state), pool_for(fleet.paths)
     if edge is None or pool is None:
         return []
     # A move under way routes its own VM at its switch-over; repairing around it could undo

@@ -73,13 +73,22 @@ class AddressPool:
         return next((ip for ip, owner in self.in_use().items() if owner == vm), None)
 
     def in_use(self) -> dict[str, str]:
+        """address -> VM. A file whose name is not an address of the pool is no allocation:
+        it is skipped, never passed on (the names end up in commands run at the edge)."""
         if not self.root.is_dir():
             return {}
         used = {}
         for f in self.root.iterdir():
-            if not f.name.startswith("."):
+            if self._in_pool(f.name):
                 used[f.name] = f.read_text().strip()
         return used
+
+    def _in_pool(self, name: str) -> bool:
+        try:
+            ip = netaddr.IPAddress(name, version=4, flags=netaddr.INET_PTON)
+        except (netaddr.AddrFormatError, ValueError):
+            return False
+        return str(ip) == name and ip in self.network and ip != self.gateway
 
 
 def pool_for(paths: Paths) -> AddressPool | None:

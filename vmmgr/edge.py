@@ -9,17 +9,26 @@ the command prefix that runs a command there, and each host's peer. The lab's pr
 edge's network namespace (`ip netns exec vmmgr-edge`); a real edge is reached the same way over
 SSH (`["ssh", "-o", "BatchMode=yes", "-o", "ControlMaster=auto", "-o", "ControlPersist=600",
 "root@edge1"]`: the kept-open connection makes a route change one round trip).
+
+SSH hands its arguments to a shell on the edge as one line, so every argument is quoted for that
+shell, and every address is checked (netaddr) before it goes anywhere near a command: an address
+comes from a file name on shared storage, which a compromised host could choose.
 """
 
-import fcntl
 import json
+import os
+import shlex
 import subprocess
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
-from .errors import VmmgrError
+import netaddr
+
+from .errors import InvalidRequest, VmmgrError
+from .locks import Lease
 from .paths import Paths
+
+LOCK_WAIT = 60  # s a route change waits for another one to finish
 
 
 @dataclass(frozen=True)
@@ -56,24 +65,37 @@ class EdgeConfig:
         cls.path(paths).unlink(missing_ok=True)
 
 
+def host_address(ip: str) -> str:
+    """`ip` if it is one IPv4 address written the usual way, else InvalidRequest."""
+    try:
+        if isinstance(ip, str) and str(netaddr.IPAddress(ip, version=4,
+                                                         flags=netaddr.INET_PTON)) == ip:
+            return ip
+    except (netaddr.AddrFormatError, ValueError, TypeError):
+        pass
+    raise InvalidRequest(f"not an IPv4 address: {ip!r}")
+
+
 class Edge:
-    def __init__(self, config: EdgeConfig, paths: Paths):
+    def __init__(self, config: EdgeConfig, state):
         self.config = config
-        self.lock_path = paths.home / "edge.lock"
+        self.state = state  # the fleet's store: route changes from every node take turns there
 
     @classmethod
-    def load(cls, paths: Paths) -> "Edge | None":
+    def load(cls, paths: Paths, state) -> "Edge | None":
         config = EdgeConfig.load(paths)
-        return cls(config, paths) if config else None
+        return cls(config, state) if config else None
 
     def route(self, ip: str, host: str) -> None:
         """Send `ip` to `host` from now on (and no longer anywhere else)."""
+        host_address(ip)
         peer = self._peer(host)
         with self._locked():
             allowed = self.routes_by_host().get(host, set()) | {ip}
             self._set_allowed(peer, allowed)
 
     def unroute(self, ip: str) -> None:
+        host_address(ip)
         with self._locked():
             for host, ips in self.routes_by_host().items():
                 if ip in ips:
@@ -82,6 +104,8 @@ class Edge:
     def sync(self, placement: dict[str, str]) -> list[str]:
         """Make the edge route exactly `placement` (address -> host); returns what changed."""
         changed = []
+        for ip in placement:
+            host_address(ip)
         with self._locked():
             now = self.routes_by_host()
             for host, peer in self.config.peers.items():
@@ -123,7 +147,8 @@ class Edge:
                 for h, p in sorted(self.config.peers.items())]
 
     def _set_allowed(self, peer: Peer, ips: set[str]) -> None:
-        allowed = ",".join([f"{peer.tunnel_ip}/32"] + [f"{ip}/32" for ip in sorted(ips)])
+        allowed = ",".join([f"{host_address(peer.tunnel_ip)}/32"]
+                           + [f"{host_address(ip)}/32" for ip in sorted(ips)])
         self._wg("set", self.config.interface, "peer", peer.public_key, "allowed-ips", allowed)
 
     def _peer(self, host: str) -> Peer:
@@ -133,15 +158,21 @@ class Edge:
             raise VmmgrError(f"the edge has no tunnel to host {host!r}") from None
 
     def _wg(self, *args: str) -> str:
-        cmd = [*self.config.command, "wg", *args]
+        cmd = [*self.config.command, *self._quoted(["wg", *args])]
         proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
             raise VmmgrError(f"edge: wg {' '.join(args)}: {proc.stderr.strip()}")
         return proc.stdout
 
-    @contextmanager
-    def _locked(self):
-        # Read-modify-write of a peer's AllowedIPs: parallel moves (a drain) take turns.
-        with open(self.lock_path, "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            yield
+    def _quoted(self, args: list[str]) -> list[str]:
+        """An SSH prefix joins the arguments into a line for the edge's shell: quote each one.
+        Any other prefix (`ip netns exec`) passes them on as they are."""
+        if self.config.command and os.path.basename(self.config.command[0]) == "ssh":
+            return [shlex.quote(a) for a in args]
+        return args
+
+    def _locked(self) -> Lease:
+        # Read-modify-write of a peer's AllowedIPs: moves from every node (a drain's parallel
+        # moves, reconcile) take turns, through the fleet's store.
+        return Lease(self.state, "edge", "routes", f"edge-{os.getpid()}-{time.monotonic_ns()}",
+                     "a route change at the edge", wait=LOCK_WAIT)

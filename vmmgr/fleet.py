@@ -4,7 +4,10 @@ libvirt is the ground truth for where a VM is: `locate` asks the hosts. Creating
 VMs happens here; moving them is `migration`'s job.
 """
 
+import os
 import shutil
+import socket
+import uuid
 from pathlib import Path
 from dataclasses import dataclass, replace
 
@@ -15,11 +18,12 @@ from .errors import Conflict, HostUnreachable, InvalidRequest, NotFound, VmmgrEr
 from .guest import Guest, read_each
 from .host import Capacity, Host
 from .inventory import Inventory
-from .locks import vm_operation
+from .locks import Lease
 from .paths import Paths
 from .placement import refusal
 from .render import domain_xml, workload_of
 from .spec import VMSpec, validate_name
+from .state import FleetState
 
 
 @dataclass(frozen=True)
@@ -36,11 +40,32 @@ class VMInfo:
     not_live_because: str = ""
 
 
+def new_owner() -> str:
+    """A lock owner for work that is not a task: unique to this node, process and command."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
 class Fleet:
-    def __init__(self, paths: Paths):
+    """The hosts and VMs, as seen by one operation.
+
+    `owner` is whose name VM locks are taken in: a task passes its id, so the operation's body
+    nests inside the lock its submitter took; anything else gets a name of its own.
+    """
+
+    def __init__(self, paths: Paths, owner: str | None = None):
         self.paths = paths
-        self.inventory = Inventory(paths.inventory)
+        url = paths.redis_url()
+        if url is None:
+            raise InvalidRequest("no fleet store configured: set $VMMGR_REDIS_URL (or write it "
+                                 "to <home>/redis.url; `vmmgr lab up` does)")
+        self.state = FleetState(url)
+        self.inventory = Inventory(self.state.r)
+        self.owner = owner or new_owner()
         self._hosts: dict[str, Host] = {}
+
+    def lock_vm(self, vm: str, what: str) -> Lease:
+        """The VM's one lock, for the whole of an operation that changes it."""
+        return Lease(self.state, "vm", vm, self.owner, what)
 
     def __enter__(self) -> "Fleet":
         return self
@@ -132,7 +157,7 @@ class Fleet:
     def create(self, spec: VMSpec, host_name: str) -> Guest:
         """Define and start `spec` on a host; on any failure nothing is left defined."""
         host = self.host(host_name)
-        with vm_operation(self.paths.locks, spec.name, f"create on {host_name}"):
+        with self.lock_vm(spec.name, f"create of {spec.name} on {host_name}") as lease:
             if self.find(spec.name) is not None or self.is_suspended(spec.name):
                 raise Conflict(f"VM {spec.name!r} already exists")
             require_active(host)
@@ -150,6 +175,7 @@ class Fleet:
             console.remove(self.paths.consoles, spec.name)
             path = console.next_segment(self.paths.consoles, spec.name, host_name)
             try:
+                lease.check()
                 xml = domain_xml(spec, accel=host.accel, console_path=path)
                 guest = host.define(devices.assign(xml, held, host_name) if held else xml)
                 try:
@@ -181,7 +207,7 @@ class Fleet:
 
     def route_address(self, address: str | None, host: str) -> None:
         """Point the edge at `host` for the VM's stable address (nothing without an edge)."""
-        edge = Edge.load(self.paths)
+        edge = Edge.load(self.paths, self.state)
         if edge is not None and address:
             edge.route(address, host)
 
@@ -191,14 +217,15 @@ class Fleet:
     def destroy(self, vm: str) -> str:
         """Power the VM off and remove it everywhere (a suspended VM: its image), console logs
         included; returns where it was."""
-        with vm_operation(self.paths.locks, vm, "destroy"):
+        with self.lock_vm(vm, f"destroy of {vm}") as lease:
             guest = self.find(vm)
             if guest is None and not self.is_suspended(vm):
                 raise NotFound(f"unknown VM {vm!r}")
+            lease.check()
             if guest is not None:
                 guest.destroy()
                 guest.undefine()
-            edge = Edge.load(self.paths)
+            edge = Edge.load(self.paths, self.state)
             address = pool_for(self.paths).address_of(vm) if pool_for(self.paths) else None
             if edge is not None and address:
                 edge.unroute(address)

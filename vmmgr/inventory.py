@@ -1,13 +1,12 @@
-"""The hosts vmmgr manages: a JSON file on the control node.
+"""The hosts vmmgr manages, in the fleet's store (Redis) that every node shares.
 
 A record says how to reach a host's libvirtd, which accelerator its VMs use and how much memory
 and how many vCPUs vmmgr may hand out there (what placement counts against).
 """
 
 import json
-import os
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+import re
+from dataclasses import asdict, dataclass
 
 from .devices import Device
 from .errors import Conflict, InvalidRequest, NotFound
@@ -34,47 +33,62 @@ class HostRecord:
 
 
 class Inventory:
-    def __init__(self, path: Path):
-        self.path = path
+    """Host records and host states in the fleet's store (Redis): every node sees the same hosts.
+
+    A record and its state are kept apart so that each change is one Redis command: two nodes
+    changing two hosts (or one host's state) at once never lose an update.
+    """
+
+    RECORDS = "vmmgr:inventory"
+    STATES = "vmmgr:host-state"
+
+    def __init__(self, r):
+        self.r = r  # a redis.Redis with decode_responses
 
     def records(self) -> list[HostRecord]:
-        if not self.path.exists():
-            return []
-        data = json.loads(self.path.read_text())
-        return [HostRecord.from_dict(h) for h in data.get("hosts", [])]
+        pipe = self.r.pipeline()
+        pipe.hgetall(self.RECORDS)
+        pipe.hgetall(self.STATES)
+        records, states = pipe.execute()
+        out = [HostRecord.from_dict(json.loads(data) | {"state": states.get(name, "active")})
+               for name, data in records.items()]
+        return sorted(out, key=lambda r: _natural(r.name))
 
     def get(self, name: str) -> HostRecord:
-        for record in self.records():
-            if record.name == name:
-                return record
-        known = ", ".join(r.name for r in self.records()) or "none"
-        raise NotFound(f"unknown host {name!r} (known hosts: {known})")
+        pipe = self.r.pipeline()
+        pipe.hget(self.RECORDS, name)
+        pipe.hget(self.STATES, name)
+        data, state = pipe.execute()
+        if data is None:
+            known = ", ".join(r.name for r in self.records()) or "none"
+            raise NotFound(f"unknown host {name!r} (known hosts: {known})")
+        return HostRecord.from_dict(json.loads(data) | {"state": state or "active"})
 
     def add(self, record: HostRecord, replace: bool = False) -> None:
         validate_name(record.name, "host")
         if record.accel not in ("kvm", "tcg"):
             raise InvalidRequest(f"accel must be 'kvm' or 'tcg', not {record.accel!r}")
-        records = self.records()
-        names = [r.name for r in records]
-        if record.name in names:
-            if not replace:
-                raise Conflict(f"host {record.name!r} already exists")
-            records[names.index(record.name)] = record  # in place: listings keep their order
-        else:
-            records.append(record)
-        self._write(records)
+        if record.state not in HOST_STATES:
+            raise InvalidRequest(f"host state must be one of {', '.join(HOST_STATES)}")
+        data = json.dumps({k: v for k, v in asdict(record).items() if k != "state"})
+        if replace:
+            self.r.hset(self.RECORDS, record.name, data)
+        elif not self.r.hsetnx(self.RECORDS, record.name, data):
+            raise Conflict(f"host {record.name!r} already exists")
+        self.r.hset(self.STATES, record.name, record.state)
 
     def set_state(self, name: str, state: str) -> None:
         if state not in HOST_STATES:
             raise InvalidRequest(f"host state must be one of {', '.join(HOST_STATES)}")
-        record = self.get(name)
-        self.add(replace(record, state=state), replace=True)
+        self.get(name)  # NotFound for an unknown host
+        self.r.hset(self.STATES, name, state)
 
     def remove(self, names: set[str]) -> None:
-        self._write([r for r in self.records() if r.name not in names])
+        if names:
+            self.r.hdel(self.RECORDS, *names)
+            self.r.hdel(self.STATES, *names)
 
-    def _write(self, records: list[HostRecord]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"hosts": [asdict(r) for r in records]}, indent=2) + "\n")
-        os.replace(tmp, self.path)
+
+def _natural(name: str) -> list:
+    """host2 before host10."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]

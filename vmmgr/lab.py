@@ -32,6 +32,7 @@ from .images import BuiltinImage, ensure_builtin
 from . import libvirt_errors  # noqa: F401  (keeps libvirt from printing errors we handle)
 from .devices import Device
 from .inventory import HostRecord, Inventory
+from .state import FleetState
 from .lab_net import LabNetwork, hook_script
 from .lab_services import Services
 from .paths import Paths
@@ -145,14 +146,14 @@ class Lab:
                 for i, h in enumerate(self.running_hosts())
             ]
             self._warn_of_known_defects(accel, records[0].uri)
-            inventory = Inventory(self.paths.inventory)
+            services = self.services()
+            services.start_redis()  # the fleet's store: the inventory lives there
+            inventory = Inventory(FleetState(services.url).r)
             for r in records:
                 inventory.add(r, replace=True)
             self._write_state({"accel": accel})
             LabNetwork(self.paths, BRIDGE, self.log).up(
                 {h.name: (h.namespace, h.ip, h.index) for h in self.running_hosts()})
-            services = self.services()
-            services.start_redis()
             services.start_workers({h.name: h.namespace for h in self.running_hosts()})
             services.start_beat()
             return records
@@ -168,11 +169,11 @@ class Lab:
             for link in _links():
                 _run(["ip", "link", "delete", link], check=False)
                 removed.append(link)
-            self.services().stop()  # after the namespaces, whose workers may still use Redis
+            # After the namespaces, whose workers may still use Redis. The lab's store (and with
+            # it the lab's inventory and records) goes with its Redis.
+            self.services().stop()
             LabNetwork(self.paths, BRIDGE).remove_keys()
             shutil.rmtree(self.root / "hosts", ignore_errors=True)
-            inventory = Inventory(self.paths.inventory)
-            inventory.remove({r.name for r in inventory.records() if r.lab})
             # The lab's VMs are gone, and so are their consoles, suspended images, swap disks
             # and addresses.
             shutil.rmtree(self.paths.consoles, ignore_errors=True)

@@ -1,35 +1,83 @@
-"""One operation per VM at a time.
+"""One lock per VM, in the fleet's store (Redis), held for the whole of every operation that
+changes the VM: the same lock whichever node, process or task runs it.
 
-An advisory `flock` per VM on the control node: held for the whole operation, released by the
-kernel if the process dies, so a crashed CLI never leaves a VM locked. A second operation on the
-same VM is refused at once (never queued) and told what holds the lock.
+A lock is a lease: taken in an owner's name (a task's id, or a one-off id for a command run in
+this process), kept alive by a thread, given back at the end; if its process dies the lease
+expires. A second operation on the same VM is refused at once and told what holds it. Taking a
+lock its owner already holds nests (a task runs under the lock its submitter took, a reclaim's
+step under its own task): only the outermost holder gives it back.
+
+A lease can be lost: Redis out of reach for longer than the lease lasts, after which someone else
+may hold it. The holder must then stop changing the VM: `check()` raises, and the migration
+monitor aborts a pre-copy it is steering.
 """
 
-import fcntl
-import os
-from contextlib import contextmanager
-from pathlib import Path
+import threading
+import time
+
+import redis
 
 from .errors import Conflict
 
+LEASE_TTL = 30  # s a dead holder keeps a lock; renewed every third of it
+WAIT_POLL = 0.05
 
-@contextmanager
-def vm_operation(locks_dir: Path, vm: str, operation: str):
-    locks_dir.mkdir(parents=True, exist_ok=True)
-    path = locks_dir / f"{vm}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another operation"
-            raise Conflict(f"VM {vm!r} is busy: {holder} is in progress") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{operation} (pid {os.getpid()})".encode(), 0)
-        try:
-            yield
-        finally:
-            os.ftruncate(fd, 0)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+
+class LockLost(Conflict):
+    """The operation's lock expired or passed to another owner: it stopped acting."""
+
+
+class Lease:
+    def __init__(self, state, kind: str, name: str, owner: str, what: str,
+                 ttl: int = LEASE_TTL, wait: float = 0):
+        self.state, self.kind, self.name = state, kind, name
+        self.owner, self.what, self.ttl, self.wait = owner, what, ttl, wait
+        self.nested = False
+        self.lost = False
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, daemon=True,
+                                      name=f"lease-{kind}-{name}")
+
+    def __enter__(self) -> "Lease":
+        holder = self.state.holder(self.kind, self.name) or ""
+        self.nested = holder.split(" ", 1)[0] == self.owner
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                self.state.acquire(self.kind, self.name, self.owner, self.what, self.ttl)
+                break
+            except Conflict:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(WAIT_POLL)
+        self._beat.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._beat.join()
+        if not self.nested:
+            try:
+                self.state.release(self.kind, self.name, self.owner)
+            except redis.RedisError:
+                pass  # it expires by itself
+
+    def check(self) -> None:
+        """Raise if the lock is no longer ours: whatever comes next must not happen."""
+        if self.lost:
+            raise LockLost(f"{self.kind} {self.name!r}: the lock of {self.what} was lost "
+                           "(the store was out of reach longer than the lease); stopped")
+
+    def _heartbeat(self) -> None:
+        last_ok = time.monotonic()
+        while not self._stop.wait(self.ttl / 3):
+            try:
+                if self.state.refresh(self.kind, self.name, self.owner, self.ttl):
+                    last_ok = time.monotonic()
+                else:
+                    self.lost = True  # expired, or someone else holds it now
+            except redis.RedisError:
+                if time.monotonic() - last_ok > self.ttl:
+                    self.lost = True
+            if self.lost:
+                return

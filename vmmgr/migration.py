@@ -20,7 +20,7 @@ from .errors import Conflict, MigrationFailed, NotFound, VmmgrError
 from .fleet import Fleet, require_active, require_other_host
 from .guest import Guest
 from .libvirt_errors import translated
-from .locks import vm_operation
+from .locks import Lease
 from .placement import refusal
 from .policy import Policy
 from .render import address_of, set_console_path
@@ -157,7 +157,7 @@ def migrate(
     policy = policy or pol.get_policy(None)
     validate_name(vm)
     dest = fleet.host(target)  # NotFound for an unknown host
-    with vm_operation(fleet.paths.locks, vm, f"migration to {target}"):
+    with fleet.lock_vm(vm, f"migration of {vm} to {target}") as lease:
         guest = fleet.locate(vm)
         require_other_host(guest, target)
         require_active(dest)
@@ -167,7 +167,8 @@ def migrate(
         reason = refusal(dest.capacity(), guest.memory_mib(), guest.vcpus())
         if reason:
             raise Conflict(f"host {target} has no room for {vm}: {reason}")
-        return _Migration(fleet, guest, target, policy, on_progress, poll_interval).run()
+        lease.check()
+        return _Migration(fleet, guest, target, policy, on_progress, poll_interval, lease).run()
 
 
 def require_live_migratable(guest) -> None:
@@ -196,8 +197,9 @@ class _Migration:
     """One attempt: libvirt's call in a thread, the monitor loop in the caller's."""
 
     def __init__(self, fleet: Fleet, guest: Guest, target: str, policy: Policy, on_progress,
-                 poll_interval: float):
+                 poll_interval: float, lease: Lease):
         self.fleet, self.guest, self.target, self.policy = fleet, guest, target, policy
+        self.lease = lease
         self.on_progress, self.poll_interval = on_progress, poll_interval
         self.dest = fleet.host(target)
         self.source = guest.host_name
@@ -310,7 +312,10 @@ class _Migration:
             self.last_stats = stats
             now = time.monotonic()
             actions = []
-            if stats.get("data_total"):  # past setup: see run()
+            if self.lease.lost and not self.postcopy_started and not self.policy_abort:
+                # Another holder may act on this VM now: give the VM back to its source.
+                actions = [pol.Abort("the VM's lock was lost")]
+            elif stats.get("data_total"):  # past setup: see run()
                 watch, actions = pol.decide(self.policy, watch, stats.get("data_remaining", 0),
                                             stats.get("memory_iteration", 0), now)
             event = "; ".join(filter(None, (self._apply(a) for a in actions))) or None

@@ -1,7 +1,8 @@
-"""Where vmmgr keeps its state on the control node.
+"""Where vmmgr keeps its files on a node.
 
 One root (`VMMGR_HOME`, default /var/lib/vmmgr). `storage` must be the same path on every host
-(shared storage in production; in the lab every host namespace sees the root file system).
+(shared storage in production). Everything about the fleet that more than one node must agree
+on (hosts and their states, locks, records) lives in the fleet's store, Redis, not here.
 """
 
 import os
@@ -30,14 +31,6 @@ class Paths:
     def saves(self) -> Path:
         """Suspended VMs: one folder each (save image, definition, record)."""
         return self.storage / "saves"
-
-    @property
-    def locks(self) -> Path:
-        return self.home / "locks"
-
-    @property
-    def inventory(self) -> Path:
-        return self.home / "hosts.json"
 
     @property
     def lab(self) -> Path:

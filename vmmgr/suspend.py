@@ -21,7 +21,6 @@ from . import console, devices
 from .errors import Conflict, HibernationFailed, InvalidRequest, NotFound, VmmgrError
 from .fleet import Fleet, require_active
 from .libvirt_errors import translated
-from .locks import vm_operation
 from .placement import choose_host, refusal
 from .render import address_of, set_console_path
 from .spec import validate_name
@@ -82,7 +81,7 @@ def suspend(fleet: Fleet, vm: str, parked: bool = False, mode: str | None = None
     validate_name(vm)
     if mode is not None and mode not in MODES:
         raise InvalidRequest(f"suspend mode must be one of {', '.join(MODES)}, not {mode!r}")
-    with vm_operation(fleet.paths.locks, vm, "suspend"):
+    with fleet.lock_vm(vm, f"suspend of {vm}") as lease:
         if find_suspended(fleet, vm):
             raise Conflict(f"VM {vm!r} is already suspended")
         guest = fleet.locate(vm)
@@ -93,6 +92,7 @@ def suspend(fleet: Fleet, vm: str, parked: bool = False, mode: str | None = None
         if mode == "save" and not live:
             raise Conflict(f"VM {vm!r} cannot be saved by its host: it {why}; it can hibernate "
                            "(--mode guest)")
+        lease.check()
         if mode == "guest":
             return _hibernate(fleet, guest, parked)
         d = save_dir(fleet, vm)
@@ -157,7 +157,7 @@ def _hibernate(fleet: Fleet, guest, parked: bool) -> Suspended:
 
 def resume(fleet: Fleet, vm: str, host: str | None = None) -> Resumed:
     validate_name(vm)
-    with vm_operation(fleet.paths.locks, vm, "resume"):
+    with fleet.lock_vm(vm, f"resume of {vm}") as lease:
         record = find_suspended(fleet, vm)
         if record is None:
             if fleet.find(vm):
@@ -175,6 +175,7 @@ def resume(fleet: Fleet, vm: str, host: str | None = None) -> Resumed:
         if reason:
             raise Conflict(f"host {host} has no room to resume {vm}: {reason}")
         d = save_dir(fleet, vm)
+        lease.check()
         segment = console.next_segment(fleet.paths.consoles, vm, host)
         if record.mode == "guest":
             return _boot_from_hibernation(fleet, record, target, segment)

@@ -1,14 +1,27 @@
-"""The edge's route bookkeeping over `wg`'s output (the lab tests drive a real wireguard-go)."""
+"""The edge's route bookkeeping over `wg`'s output (the lab tests drive a real wireguard-go), and
+the safety of the commands sent to it."""
 
-from vmmgr.edge import Edge, EdgeConfig, Peer
-from vmmgr.paths import Paths
+import os
+
+import pytest
+
+from vmmgr.addresses import AddressPool
+from vmmgr.edge import Edge, EdgeConfig, Peer, host_address
+from vmmgr.errors import InvalidRequest
+from vmmgr.state import FleetState
 
 PEERS = {"host1": Peer("K1", "10.79.0.11", "10.77.0.11:51820"),
          "host2": Peer("K2", "10.79.0.12", "10.77.0.12:51820")}
+EVIL = "10.78.0.9;id>edge-pwned;#"
 
 
-def edge(tmp_path, mocker, allowed: str):
-    e = Edge(EdgeConfig(["true"], "wg-edge", PEERS), Paths(tmp_path))
+@pytest.fixture
+def store(redis_url):
+    return FleetState(redis_url)
+
+
+def edge(store, mocker, allowed: str):
+    e = Edge(EdgeConfig(["true"], "wg-edge", PEERS), store)
     calls = []
 
     def wg(*args):
@@ -19,20 +32,63 @@ def edge(tmp_path, mocker, allowed: str):
     return e, calls
 
 
-def test_routes_leave_out_the_tunnel_addresses(tmp_path, mocker):
-    e, _ = edge(tmp_path, mocker, "K1\t10.79.0.11/32 10.78.0.2/32\nK2\t10.79.0.12/32\n")
+def test_routes_leave_out_the_tunnel_addresses(store, mocker):
+    e, _ = edge(store, mocker, "K1\t10.79.0.11/32 10.78.0.2/32\nK2\t10.79.0.12/32\n")
     assert e.routes() == {"10.78.0.2": "host1"}
 
 
-def test_a_move_sets_the_new_hosts_whole_list(tmp_path, mocker):
-    e, calls = edge(tmp_path, mocker, "K1\t10.79.0.11/32 10.78.0.2/32\nK2\t10.79.0.12/32 10.78.0.5/32\n")
+def test_a_move_sets_the_new_hosts_whole_list(store, mocker):
+    e, calls = edge(store, mocker, "K1\t10.79.0.11/32 10.78.0.2/32\nK2\t10.79.0.12/32 10.78.0.5/32\n")
     e.route("10.78.0.2", "host2")
     # One `wg set` on the new peer: WireGuard takes the address from the old one itself.
     assert calls[-1] == ("set", "wg-edge", "peer", "K2", "allowed-ips",
                          "10.79.0.12/32,10.78.0.2/32,10.78.0.5/32")
+    assert store.holder("edge", "routes") is None  # the store's lock was given back
 
 
-def test_sync_changes_only_the_peers_that_differ(tmp_path, mocker):
-    e, calls = edge(tmp_path, mocker, "K1\t10.79.0.11/32 10.78.0.2/32\nK2\t10.79.0.12/32\n")
+def test_sync_changes_only_the_peers_that_differ(store, mocker):
+    e, calls = edge(store, mocker, "K1\t10.79.0.11/32 10.78.0.2/32\nK2\t10.79.0.12/32\n")
     assert e.sync({"10.78.0.2": "host1", "10.78.0.3": "host2"}) == ["host2"]
     assert calls[-1][-1] == "10.79.0.12/32,10.78.0.3/32"
+
+
+@pytest.mark.parametrize("bad", [EVIL, "10.78.0.9/32", "10.78.9", "010.78.0.9", " 10.78.0.9",
+                                 "::1", "", "10.78.0.256"])
+def test_anything_but_one_address_is_refused_before_any_command(store, mocker, bad):
+    e, calls = edge(store, mocker, "K1\t10.79.0.11/32\n")
+    with pytest.raises(InvalidRequest, match="not an IPv4 address"):
+        host_address(bad)
+    with pytest.raises(InvalidRequest):
+        e.route(bad, "host1")
+    with pytest.raises(InvalidRequest):
+        e.sync({bad: "host1"})
+    assert calls == []
+
+
+def test_an_address_file_named_like_a_command_is_no_allocation(tmp_path):
+    root = tmp_path / "addresses"
+    root.mkdir()
+    (root / "10.78.0.5").write_text("vm1\n")
+    (root / EVIL).write_text("vm2\n")
+    (root / "10.99.0.1").write_text("vm3\n")  # outside the pool
+    assert AddressPool(root, "10.78.0.0/24", "10.78.0.1").in_use() == {"10.78.0.5": "vm1"}
+
+
+def test_an_ssh_prefix_gets_every_argument_quoted_for_the_edges_shell(store, tmp_path,
+                                                                     monkeypatch):
+    """A stand-in `ssh` that does what ssh's far side does: joins its arguments into one line and
+    hands it to a shell. Unquoted, the interface name below would run `touch` on the "edge"."""
+    edge_dir = tmp_path / "edge"
+    edge_dir.mkdir()
+    fake = tmp_path / "bin" / "ssh"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nshift\ncd "$EDGE_DIR" && PATH="$EDGE_DIR:$PATH" exec sh -c "$*"\n')
+    fake.chmod(0o755)
+    (edge_dir / "wg").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > args\n')
+    (edge_dir / "wg").chmod(0o755)
+    monkeypatch.setenv("EDGE_DIR", str(edge_dir))
+    e = Edge(EdgeConfig([str(fake), "edge1"], "wg0;touch pwned;#", PEERS), store)
+    e.route("10.78.0.7", "host1")
+    assert not (edge_dir / "pwned").exists()
+    assert (edge_dir / "args").read_text().splitlines() == [
+        "set", "wg0;touch pwned;#", "peer", "K1", "allowed-ips", "10.79.0.11/32,10.78.0.7/32"]

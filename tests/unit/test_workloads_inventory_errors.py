@@ -4,6 +4,7 @@ import pytest
 from vmmgr.errors import Conflict, HostUnreachable, InvalidRequest, NotFound, VmmgrError
 from vmmgr.inventory import HostRecord, Inventory
 from vmmgr.libvirt_errors import translate
+from vmmgr.state import FleetState
 from vmmgr.workloads import cmdline
 
 
@@ -24,8 +25,8 @@ def test_bad_workloads(workload, params, match):
         cmdline(workload, params)
 
 
-def test_inventory_round_trip_and_refusals(tmp_path):
-    inv = Inventory(tmp_path / "hosts.json")
+def test_inventory_round_trip_and_refusals(redis_url):
+    inv = Inventory(FleetState(redis_url).r)
     inv.add(HostRecord("host1", "qemu+tls://h1/system"))
     inv.add(HostRecord("lab1", "qemu+tcp://10.0.0.1/system", "tcg", 1024, 4, lab=True))
     assert inv.get("lab1").memory_mib == 1024
@@ -35,7 +36,11 @@ def test_inventory_round_trip_and_refusals(tmp_path):
         inv.get("nope")
     with pytest.raises(InvalidRequest):
         inv.add(HostRecord("bad'/>", "x"))
-    inv.remove({"lab1"})
+    inv.add(HostRecord("host10", "x"))
+    assert [r.name for r in inv.records()] == ["host1", "host10", "lab1"]
+    inv.add(HostRecord("host2", "x"))
+    assert [r.name for r in inv.records()] == ["host1", "host2", "host10", "lab1"]
+    inv.remove({"lab1", "host10", "host2"})
     assert [r.name for r in inv.records()] == ["host1"]
 
 

@@ -7,7 +7,7 @@ import click
 from .. import devices, display, overview, reclaim, requests, suspend as suspension
 from ..errors import Conflict, VmmgrError
 from ..fleet import Fleet
-from ..inventory import HostRecord, Inventory
+from ..inventory import HostRecord
 from ..paths import Paths
 from ..spec import validate_name
 from .base import emit_json, log_line, cli
@@ -59,8 +59,9 @@ def host_add(paths: Paths, name: str, uri: str, accel: str, memory: int, vcpus: 
     record = HostRecord(name, uri, accel, memory, vcpus,
                         devices=tuple(devices.parse(d) for d in device_specs))
     validate_name(name, "host")
-    if name in {r.name for r in Inventory(paths.inventory).records()}:
-        raise Conflict(f"host {name!r} already exists")
+    with Fleet(paths) as fleet:
+        if name in {r.name for r in fleet.inventory.records()}:
+            raise Conflict(f"host {name!r} already exists")
 
     def local() -> dict:
         with Fleet(paths) as fleet:

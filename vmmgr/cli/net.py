@@ -20,7 +20,7 @@ def net() -> None:
 @click.pass_obj
 def net_status(paths: Paths, as_json: bool) -> None:
     """Peers (host, endpoint, last handshake) and which host each VM's address is routed to."""
-    edge, pool = Edge.load(paths), pool_for(paths)
+    edge, pool = Edge.load(paths, None), pool_for(paths)  # reads only: no lock
     if edge is None or pool is None:
         raise InvalidRequest("no edge configured (`vmmgr lab up` sets one up)")
     peers = edge.peers()

@@ -157,7 +157,7 @@ def _network_path(paths: Paths, vm: str) -> dict:
     address = pool.address_of(vm) if pool else None
     if not address:
         return {"address": "-"}
-    edge = Edge.load(paths)
+    edge = Edge.load(paths, None)  # reads only: no lock
     routed = edge.routes().get(address) if edge else None
     return {"address": address, "path": f"edge -> {routed}" if routed else "not routed"}
 
