@@ -15,7 +15,7 @@ from vmmgr import workloads
 from vmmgr.fleet import Fleet
 from vmmgr.images import ensure_builtin
 from vmmgr.lab import Lab
-from vmmgr.paths import default_paths
+from vmmgr.paths import lab_paths
 from vmmgr.reclaim import enable, evacuate
 from vmmgr.spec import make_spec
 
@@ -24,7 +24,7 @@ MODES = {"parallel": {"per_target": 2, "parallel": 4}, "one at a time": {"per_ta
 
 
 def main() -> None:
-    paths = default_paths()
+    paths = lab_paths()
     lab = Lab(paths, log=lambda m: print(f"  {m}", flush=True))
     started = not lab.running_hosts()
     records = lab.up(3)

@@ -34,7 +34,7 @@ from vmmgr.fleet import Fleet
 from vmmgr.images import ensure_builtin
 from vmmgr.lab import Lab, lab_host
 from vmmgr.migration import MigrationResult, migrate
-from vmmgr.paths import default_paths
+from vmmgr.paths import lab_paths
 from vmmgr.policy import DEFAULT_POLICY, get_policy
 from vmmgr.spec import make_spec
 
@@ -63,7 +63,7 @@ def main() -> int:
         plot(report, RESULTS / "migration.png")
         return 0
 
-    paths = default_paths()
+    paths = lab_paths()
     lab = Lab(paths, log=lambda m: print(f"  {m}", flush=True))
     started_lab = not lab.running_hosts()
     records = lab.up(3)

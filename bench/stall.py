@@ -24,7 +24,7 @@ from vmmgr.images import ensure_builtin
 from vmmgr.lab import Lab
 from vmmgr.lab_net import CLIENT_NS
 from vmmgr.migration import migrate
-from vmmgr.paths import default_paths
+from vmmgr.paths import lab_paths
 from vmmgr.spec import make_spec
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -36,7 +36,7 @@ def main() -> None:
     args = argparse.ArgumentParser()
     args.add_argument("--moves", type=int, default=12)
     moves = args.parse_args().moves
-    paths = default_paths()
+    paths = lab_paths()
     lab = Lab(paths, log=lambda m: print(f"  {m}", flush=True))
     started = not lab.running_hosts()
     records = lab.up(3)

@@ -38,6 +38,11 @@ def next_segment(consoles: Path, vm: str, host: str) -> Path:
     return folder / f"{seq:06d}-{host}.log"
 
 
+def segment_host(segment: Path) -> str:
+    """The host that wrote a segment."""
+    return SEGMENT_RE.match(segment.name).group(2)
+
+
 def hosts_seen(consoles: Path, vm: str) -> list[str]:
     """The hosts whose segments hold output, in order."""
     return [

@@ -26,6 +26,8 @@ class HostRecord:
     lab: bool = False  # made by `vmmgr lab up`, removed by `lab down`
     state: str = "active"  # "draining": takes no new VMs; "reclaimed": empty, out of service
     devices: tuple[Device, ...] = ()  # passed-through devices (GPUs) VMs may ask for
+    # Its QEMU migrates over TLS (the kvm_host role forces it); False only by explicit opt-in.
+    tls: bool = True
 
     @classmethod
     def from_dict(cls, data: dict) -> "HostRecord":

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import libvirt
 
+from . import console
 from .errors import VmmgrError
 from .images import BuiltinImage, ensure_builtin
 from . import libvirt_errors  # noqa: F401  (keeps libvirt from printing errors we handle)
@@ -34,6 +35,7 @@ from .devices import Device
 from .inventory import HostRecord, Inventory
 from .state import FleetState
 from .lab_net import LabNetwork, hook_script
+from .lab_pki import LabPKI, render_role_template
 from .lab_services import Services
 from .paths import Paths
 from .qemu_defects import tcg_migration_warning
@@ -83,9 +85,12 @@ class LabHost:
     def ip(self) -> str:
         return f"{SUBNET}.{10 + self.index}"
 
-    @property
-    def uri(self) -> str:
-        return f"qemu+tcp://{self.ip}/system"
+    def uri(self, pki: Path | None) -> str:
+        """TLS with the control node's client certificate from `pki` (libvirt's `pkipath`), or
+        the lab's plain TCP when `pki` is None."""
+        if pki is None:
+            return f"qemu+tcp://{self.ip}/system"
+        return f"qemu+tls://{self.ip}/system?pkipath={pki}"
 
     @property
     def uuid(self) -> str:
@@ -112,18 +117,34 @@ class Lab:
         self.paths = paths
         self.root = paths.lab
         self.log = log
+        self.pki = LabPKI(self.root / "pki")
+        self.tls = self._read_state().get("tls", True)
+
+    def _uri(self, h: LabHost) -> str:
+        return h.uri(self.pki.client_dir if self.tls else None)
 
     # ---- public verbs -------------------------------------------------------------------
 
-    def up(self, hosts: int = 3, accel: str | None = None) -> list[HostRecord]:
-        """Make sure hosts 1..N run; repair any that are half there. Returns their records."""
+    def up(self, hosts: int = 3, accel: str | None = None, plain: bool = False
+           ) -> list[HostRecord]:
+        """Make sure hosts 1..N run; repair any that are half there. Returns their records.
+
+        Hosts talk and migrate over TLS, as a fleet set up by `ansible/` does; `plain` (an
+        explicit opt-in) gives the unauthenticated, unencrypted TCP of earlier labs."""
         if not 1 <= hosts <= 9:
             raise VmmgrError("the lab has 1 to 9 hosts")
         with self._lock():
+            self._refuse_a_foreign_store()
             image = ensure_builtin(self.paths.images, self.log)
             accel = accel or self._detect_accel(image)
             _ensure_root_bridge()
             wanted = [lab_host(i) for i in range(1, hosts + 1)]
+            if self.tls == plain:  # the other transport: every host is set up anew
+                for h in self.running_hosts(include_broken=True):
+                    self._remove_host(h)
+                self.tls = not plain
+            if self.tls:
+                self.pki.ensure()
             pending = [h for h in wanted if not self._healthy(h)]
             started = list(pending)
             for h in pending:
@@ -139,10 +160,10 @@ class Lab:
                 self._start_host(h)
             for h in pending:
                 self._wait_ready(h)
-            _warm_host_capabilities(started)
+            _warm_host_capabilities([self._uri(h) for h in started])
             records = [
-                HostRecord(h.name, h.uri, accel, HOST_MEMORY_MIB, HOST_VCPUS, lab=True,
-                           devices=lab_devices(i))
+                HostRecord(h.name, self._uri(h), accel, HOST_MEMORY_MIB, HOST_VCPUS, lab=True,
+                           devices=lab_devices(i), tls=self.tls)
                 for i, h in enumerate(self.running_hosts())
             ]
             self._warn_of_known_defects(accel, records[0].uri)
@@ -151,7 +172,7 @@ class Lab:
             inventory = Inventory(FleetState(services.url).r)
             for r in records:
                 inventory.add(r, replace=True)
-            self._write_state({"accel": accel})
+            self._write_state({"accel": accel, "tls": self.tls})
             LabNetwork(self.paths, BRIDGE, self.log).up(
                 {h.name: (h.namespace, h.ip, h.index) for h in self.running_hosts()})
             services.start_workers({h.name: h.namespace for h in self.running_hosts()})
@@ -174,14 +195,52 @@ class Lab:
             self.services().stop()
             LabNetwork(self.paths, BRIDGE).remove_keys()
             shutil.rmtree(self.root / "hosts", ignore_errors=True)
-            # The lab's VMs are gone, and so are their consoles, suspended images, swap disks
-            # and addresses.
-            shutil.rmtree(self.paths.consoles, ignore_errors=True)
-            shutil.rmtree(self.paths.saves, ignore_errors=True)
-            shutil.rmtree(self.paths.storage / "disks", ignore_errors=True)
-            shutil.rmtree(self.paths.storage / "addresses", ignore_errors=True)
+            shutil.rmtree(self.pki.root, ignore_errors=True)
+            self._remove_lab_vm_files()
             (self.root / "state.json").unlink(missing_ok=True)
             return removed
+
+    def _refuse_a_foreign_store(self) -> None:
+        """A home whose store is not the lab's belongs to a real fleet: the lab would point it
+        at the lab's Redis, and `down` would remove what the lab did not make."""
+        ours = self.services().url
+        configured = os.environ.get("VMMGR_REDIS_URL") or self.paths.redis_url()
+        if configured and configured != ours:
+            raise VmmgrError(f"{self.paths.home} belongs to the fleet whose store is {configured}: "
+                             "the lab needs a home of its own (the default, /var/lib/vmmgr-lab, "
+                             "or --home)")
+
+    def _remove_lab_vm_files(self) -> None:
+        """The lab's VMs are gone: so are their consoles, suspended images, swap disks and
+        addresses. A VM that ever ran on a host that is not the lab's keeps everything."""
+        lab_names = {lab_host(i).name for i in range(1, 10)}
+        gone = set()
+        if self.paths.consoles.is_dir():
+            for d in self.paths.consoles.iterdir():
+                hosts = {console.segment_host(p) for p in console.segments(self.paths.consoles,
+                                                                           d.name)}
+                if hosts <= lab_names:
+                    shutil.rmtree(d, ignore_errors=True)
+                    gone.add(d.name)
+        if self.paths.saves.is_dir():
+            for d in self.paths.saves.iterdir():
+                try:
+                    from_host = json.loads((d / "record.json").read_text())["from_host"]
+                except (OSError, ValueError, KeyError):
+                    from_host = None  # a save that never completed: its console tells
+                if from_host in lab_names or (from_host is None and d.name in gone):
+                    shutil.rmtree(d, ignore_errors=True)
+                    gone.add(d.name)
+        for vm in gone:
+            (self.paths.storage / "disks" / f"{vm}-swap.img").unlink(missing_ok=True)
+        addresses = self.paths.storage / "addresses"
+        if addresses.is_dir():
+            for f in addresses.iterdir():
+                try:
+                    if f.read_text().strip() in gone:
+                        f.unlink()
+                except OSError:
+                    continue
 
     def status(self) -> list[HostStatus]:
         result = []
@@ -241,7 +300,7 @@ class Lab:
 
     def _count_vms(self, h: LabHost) -> int | None:
         try:
-            conn = libvirt.open(h.uri)
+            conn = libvirt.open(self._uri(h))
         except libvirt.libvirtError:
             return None
         try:
@@ -282,18 +341,21 @@ class Lab:
         d = self._host_dir(h)
         for sub in LIBVIRT_DIRS:
             (d / sub).mkdir(parents=True, exist_ok=True)
-        (d / "etc" / "libvirtd.conf").write_text(_libvirtd_conf(h))
+        (d / "etc" / "libvirtd.conf").write_text(_libvirtd_conf(h, self.tls))
         hook = d / "etc" / "hooks" / "qemu"  # keeps each local guest's /32 route (lab_net)
         hook.parent.mkdir(exist_ok=True)
         hook.write_bytes(hook_script())
         hook.chmod(0o755)
-        (d / "etc" / "qemu.conf").write_text(_qemu_conf(h))
+        (d / "etc" / "qemu.conf").write_text(_qemu_conf(h, self.tls))
         (d / "hosts").write_text(_etc_hosts())
+        if self.tls:  # the host's /etc/pki, as the kvm_host role installs it
+            self.pki.install_host(d / "pki", h.name, h.ip)
         if self._caps_cache().is_dir():
             shutil.copytree(self._caps_cache(), d / "cache" / CAPS, dirs_exist_ok=True)
         binds = " ".join(
             [f"{d / sub}:{target}" for sub, target in LIBVIRT_DIRS.items()]
             + [f"{d / 'hosts'}:/etc/hosts"]
+            + ([f"{d / 'pki'}:/etc/pki"] if self.tls else [])
         )
         script = (
             'set -e; hostname "$1"; for pair in $2; do src=${pair%%:*}; dst=${pair#*:}; '
@@ -363,7 +425,7 @@ class Lab:
 
     def _probe_and_save_caps(self, h: LabHost) -> None:
         # libvirtd probes QEMU lazily, on the first VM: make it happen now, once for all hosts.
-        conn = libvirt.open(h.uri)
+        conn = libvirt.open(self._uri(h))
         try:
             conn.getDomainCapabilities(EMULATOR, "x86_64", None, "qemu")
         finally:
@@ -413,21 +475,21 @@ def probe_accel(image: BuiltinImage, timeout: float = 15) -> str:
     return "kvm" if b"vmmgr-probe-ok" in out.stdout else "tcg"
 
 
-def _warm_host_capabilities(hosts: list[LabHost]) -> None:
+def _warm_host_capabilities(uris: list[str]) -> None:
     """Have each new libvirtd build its host capabilities now, all at once.
 
     libvirtd builds them lazily (NUMA, CPU and firmware probing: 4-8 s in this sandbox) on the
     first VM start or incoming migration, which would otherwise land inside the first move to
     each host.
     """
-    def warm(h: LabHost) -> None:
-        conn = libvirt.open(h.uri)
+    def warm(uri: str) -> None:
+        conn = libvirt.open(uri)
         try:
             conn.getCapabilities()
         finally:
             conn.close()
 
-    threads = [threading.Thread(target=warm, args=(h,)) for h in hosts]
+    threads = [threading.Thread(target=warm, args=(u,)) for u in uris]
     for t in threads:
         t.start()
     for t in threads:
@@ -441,28 +503,33 @@ def _etc_hosts() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _libvirtd_conf(h: LabHost) -> str:
-    # Lab only: plain TCP without authentication, on an address nothing outside this machine sees.
-    return (
-        "listen_tls = 0\nlisten_tcp = 1\n"
-        f'listen_addr = "{h.ip}"\n'
-        'auth_tcp = "none"\nauth_unix_rw = "none"\n'
-        f'host_uuid = "{h.uuid}"\n'
-        'log_outputs = "3:file:/var/log/libvirt/libvirtd.log"\n'
-    )
+def _libvirtd_conf(h: LabHost, tls: bool) -> str:
+    # A host's own: its listen address (the lab's hosts share one kernel, so "all addresses"
+    # would clash), its own host UUID (libvirt refuses to migrate to "the same host").
+    own = (f'listen_addr = "{h.ip}"\n'
+           f'host_uuid = "{h.uuid}"\n'
+           'log_outputs = "3:file:/var/log/libvirt/libvirtd.log"\n')
+    if tls:  # the production file, as the kvm_host role writes it
+        return render_role_template("libvirtd.conf.j2") + "# The lab host's own:\n" + own
+    # The explicit plain opt-in: TCP without authentication, on an address nothing outside this
+    # machine sees.
+    return 'listen_tls = 0\nlisten_tcp = 1\nauth_tcp = "none"\nauth_unix_rw = "none"\n' + own
 
 
-def _qemu_conf(h: LabHost) -> str:
-    # `ip netns exec` remounts /sys, so cgroups are not visible: libvirt must not use them.
-    return (
-        'user = "root"\ngroup = "root"\n'
-        "dynamic_ownership = 0\nremember_owner = 0\n"
-        'security_driver = "none"\n'
-        "cgroup_controllers = [ ]\nnamespaces = [ ]\n"
-        'stdio_handler = "file"\n'
-        'migration_address = "0.0.0.0"\n'
-        f'migration_host = "{h.ip}"\n'
-    )
+def _qemu_conf(h: LabHost, tls: bool) -> str:
+    # `ip netns exec` remounts /sys, so cgroups are not visible: libvirt must not use them. QEMU
+    # runs as root without a security driver: the lab has no per-host users or AppArmor.
+    lab = ('user = "root"\ngroup = "root"\n'
+           "dynamic_ownership = 0\nremember_owner = 0\n"
+           'security_driver = "none"\n'
+           "cgroup_controllers = [ ]\nnamespaces = [ ]\n"
+           'stdio_handler = "file"\n'
+           'migration_address = "0.0.0.0"\n')
+    if tls:  # the production file (migration over TLS, peers verified), then the lab's part
+        return (render_role_template("qemu.conf.j2", vmmgr_address=h.ip)
+                + "# The lab's namespaces:\n" + lab)
+    return lab + f'migration_host = "{h.ip}"\n'
+
 
 
 def _ensure_root_bridge() -> None:

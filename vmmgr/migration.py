@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import libvirt
 
@@ -145,6 +146,14 @@ def flags_and_params(policy: Policy) -> tuple[int, dict]:
     return flags, params
 
 
+def peer_uri(uri: str) -> str:
+    """The destination as the source's libvirtd dials it (peer to peer): with the source host's
+    own client certificate, so without the `pkipath` that points this process at its own."""
+    parts = urlsplit(uri)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "pkipath"]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
 def migrate(
     fleet: Fleet,
     vm: str,
@@ -218,6 +227,8 @@ class _Migration:
                 libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_MIGRATABLE
             )
         flags, params = flags_and_params(self.policy)
+        if self.dest.record.tls:  # a host set up for TLS refuses a migration without it
+            flags |= libvirt.VIR_MIGRATE_TLS
         params[libvirt.VIR_MIGRATE_PARAM_DEST_XML] = set_console_path(guest.xml(migratable=True), segment)
         params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML] = set_console_path(persistent, segment)
 
@@ -296,7 +307,7 @@ class _Migration:
 
         def call() -> None:
             try:
-                self.guest.domain.migrateToURI3(self.dest.uri, params, flags)
+                self.guest.domain.migrateToURI3(peer_uri(self.dest.uri), params, flags)
             except libvirt.libvirtError as err:
                 outcome["error"] = err
 

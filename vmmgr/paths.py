@@ -66,5 +66,14 @@ class Paths:
             return None
 
 
+LAB_HOME = Path("/var/lib/vmmgr-lab")
+
+
 def default_paths() -> Paths:
     return Paths(Path(os.environ.get("VMMGR_HOME", "/var/lib/vmmgr")))
+
+
+def lab_paths() -> Paths:
+    """The local lab's home: its own, never a real fleet's default (`VMMGR_HOME` still wins, and
+    `lab up` refuses a home that belongs to another fleet's store)."""
+    return Paths(Path(os.environ.get("VMMGR_HOME") or LAB_HOME))

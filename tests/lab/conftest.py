@@ -34,10 +34,16 @@ def pytest_runtest_makereport(item, call):
     setattr(item, f"report_{report.when}", report)
 
 
+TEST_HOME = "/var/lib/vmmgr-test"  # the suite's own home: never a real fleet's, nor the lab's
+
+
 @pytest.fixture(scope="session")
 def paths():
     if os.geteuid() != 0:
         pytest.fail("the lab tests run as root: they create network namespaces and daemons")
+    # The CLI the tests run inherits these: it must find the test lab's home and store only.
+    os.environ["VMMGR_HOME"] = os.environ.get("VMMGR_TEST_HOME", TEST_HOME)
+    os.environ.pop("VMMGR_REDIS_URL", None)
     return default_paths()
 
 

@@ -4,7 +4,9 @@ Runs before the other lab tests (file order) with its own two-host lab.
 """
 
 import os
+import socket
 import subprocess
+import threading
 
 import libvirt
 import pytest
@@ -14,16 +16,33 @@ from vmmgr.lab import GUEST_BRIDGE, GUEST_GATEWAY_MAC, Lab, lab_host
 from .conftest import cli, wait_ticks
 
 
-def lab_leftovers() -> list[str]:
+SERVICES = ("libvirtd", "qemu-system-x86", "wireguard-go", "redis-server", "celery")
+
+
+def service_pids() -> set[int]:
+    """Every live process of the kinds the lab starts, the lab's or not."""
+    pids = set()
+    for name in SERVICES:
+        for line in subprocess.run(["pgrep", "-f", name], capture_output=True,
+                                   text=True).stdout.split():
+            if not is_zombie(int(line)):  # dead, waiting for PID 1 to reap it
+                pids.add(int(line))
+    return pids
+
+
+def lab_leftovers(before: set[int]) -> list[str]:
+    """What the lab made and left: its namespaces and links, and any service process that was
+    not running before it started (the machine's own Redis or libvirtd are not the lab's)."""
     out = []
     out += [l for l in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
             .stdout.splitlines() if l.startswith("vmmgr-")]
     out += [l for l in subprocess.run(["ip", "-o", "link", "show"], capture_output=True,
                                       text=True).stdout.splitlines() if ": vmmgr-" in l]
-    for name in ("libvirtd", "qemu-system-x86", "wireguard-go", "redis-server", "celery"):
-        for line in subprocess.run(["pgrep", "-af", name], capture_output=True, text=True).stdout.splitlines():
-            if not is_zombie(int(line.split()[0])):  # dead, waiting for PID 1 to reap it
-                out.append(line)
+    for pid in service_pids() - before:
+        try:
+            out.append(f"{pid} " + open(f"/proc/{pid}/cmdline").read().replace("\0", " "))
+        except OSError:
+            continue  # it ended meanwhile
     return out
 
 
@@ -38,6 +57,7 @@ def is_zombie(pid: int) -> bool:
 def small_lab(paths):
     lab = Lab(paths)
     lab.down()
+    lab.services_before = service_pids()
     try:
         yield lab
     finally:
@@ -86,7 +106,7 @@ def test_lab_up_status_repair_and_down(small_lab, paths):
 
     # Down removes every namespace, link, daemon and QEMU process, even with a VM running.
     cli("lab", "down", check_code=0)
-    assert lab_leftovers() == []
+    assert lab_leftovers(small_lab.services_before) == []
     assert cli("lab", "status").stdout.strip() == "the lab is down"
 
 
@@ -99,8 +119,133 @@ def test_down_cleans_up_after_a_crashed_run(small_lab):
     sleeper = subprocess.Popen(["ip", "netns", "exec", h.namespace, "sleep", "300"])
     try:
         small_lab.down()
-        assert lab_leftovers() == []
+        assert lab_leftovers(small_lab.services_before) == []
         assert sleeper.wait(10) != 0  # killed with the namespace
     finally:
         if sleeper.poll() is None:
             sleeper.kill()
+
+
+def test_the_lab_lives_beside_the_machines_own_services(small_lab, paths, tmp_path):
+    """A Debian machine with libvirt-daemon-system and redis-server installed runs a libvirtd
+    and a Redis of its own (and maybe VMs): the lab leaves them, and what they hold, alone."""
+    system_redis = subprocess.Popen(
+        ["redis-server", "--port", "6379", "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    system_qemu = subprocess.Popen(  # a VM the lab did not start
+        ["qemu-system-x86_64", "-machine", "none", "-nodefaults", "-display", "none", "-S"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # A fleet's files in another home: the lab's down must not touch them.
+    other = paths.home.parent / "vmmgr-test-other-fleet"
+    parked = other / "storage" / "saves" / "prodvm"
+    parked.mkdir(parents=True, exist_ok=True)
+    (parked / "record.json").write_text('{"from_host": "kvm7"}')
+    try:
+        before = small_lab.services_before | {system_redis.pid, system_qemu.pid}
+        small_lab.up(1)
+        cli("vm", "create", "beside1", "--host", "host1", check_code=0)
+        wait_ticks(paths, "beside1", 2)
+        # A home that belongs to another fleet's store is refused, and left as it was.
+        (other / "redis.url").write_text("redis://127.0.0.1:6379/0\n")
+        proc = cli("--home", str(other), "lab", "up", "--hosts", "1")
+        assert proc.returncode == 1 and "needs a home of its own" in proc.stderr, proc.stderr
+        small_lab.down()
+        assert system_redis.poll() is None and system_qemu.poll() is None
+        assert lab_leftovers(before) == []
+        assert (parked / "record.json").exists()
+        assert not (paths.consoles / "beside1").exists()  # the lab's own VM left nothing
+        assert (other / "redis.url").read_text().strip() == "redis://127.0.0.1:6379/0"
+    finally:
+        for proc in (system_redis, system_qemu):
+            proc.kill()
+            proc.wait(10)
+        subprocess.run(["rm", "-rf", str(other)], check=False)
+
+
+class Capture:
+    """Every TCP payload byte between two addresses seen on one interface of the root namespace
+    (AF_PACKET): what a snooper on the network between two hosts would see of their traffic."""
+
+    def __init__(self, ifname: str, between: tuple[str, str]):
+        self.between = {socket.inet_aton(a) for a in between}
+        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.ntohs(0x0003))
+        self.sock.setsockopt(socket.SOL_SOCKET, 33, 256 * 1024 * 1024)  # SO_RCVBUFFORCE
+        self.sock.bind((ifname, 0))
+        self.sock.settimeout(0.2)
+        self.data = bytearray()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                frame = self.sock.recv(262144)
+            except socket.timeout:
+                continue
+            if len(frame) < 54 or frame[12:14] != b"\x08\x00" or frame[23] != 6:
+                continue  # IPv4 TCP only
+            if {frame[26:30], frame[30:34]} != self.between:
+                continue  # e.g. the control plane's Redis: not the hosts' own traffic
+            ip_len = (frame[14] & 0x0F) * 4
+            tcp = 14 + ip_len
+            payload = frame[tcp + (frame[tcp + 12] >> 4) * 4:]
+            self.data += payload
+
+    def stop(self) -> bytes:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+        return bytes(self.data)
+
+
+def _captured_migration(lab: Lab, paths, vm: str, marker: str) -> bytes:
+    from vmmgr.fleet import Fleet
+    from vmmgr.migration import migrate
+    from vmmgr.policy import get_policy
+
+    cli("vm", "create", vm, "--host", "host1", "--param", f"interval={marker}", check_code=0)
+    wait_ticks(paths, vm, 2)
+    # host1's link to the inter-host network; host1 <-> host2 carries libvirt's peer-to-peer
+    # connection and QEMU's migration stream.
+    capture = Capture("vmmgr-host1", (lab_host(1).ip, lab_host(2).ip))
+    try:
+        with Fleet(paths) as fleet:  # slowed, so that the capture keeps up with the stream
+            migrate(fleet, vm, "host2", policy=get_policy(None, 48))
+    finally:
+        seen = capture.stop()
+    cli("vm", "destroy", vm, check_code=0)
+    return seen
+
+
+def test_migration_streams_are_encrypted_unless_plain_tcp_is_asked_for(small_lab, paths):
+    """A known string from the guest's memory (its kernel command line) crosses the wire in
+    clear text with the plain opt-in, and never over TLS, where the lab's hosts have the
+    kvm_host role's configuration (migrate_tls_force) and a migration without TLS is refused."""
+    marker = "0.2137"
+    secret = f"vmmgr.workload=counter vmmgr.interval={marker}".encode()
+
+    small_lab.up(2, plain=True)
+    plain = _captured_migration(small_lab, paths, "clear1", marker)
+    assert len(plain) > 20 * 2**20, "the capture did not see the migration stream"
+    assert secret in plain
+
+    records = small_lab.up(2)  # TLS, the default: every host set up anew
+    assert all(r.uri.startswith("qemu+tls://") and r.tls for r in records)
+    tls = _captured_migration(small_lab, paths, "secret1", marker)
+    assert len(tls) > 20 * 2**20, "the capture did not see the migration stream"
+    assert secret not in tls  # no guest memory
+    assert b"QEVM" in plain and b"QEVM" not in tls  # not even the stream's header
+
+    # The hosts run the production qemu.conf: a migration without TLS is refused by libvirt.
+    cli("vm", "create", "notls1", "--host", "host1", check_code=0)
+    conn = libvirt.open(records[0].uri)
+    try:
+        dom = conn.lookupByName("notls1")
+        with pytest.raises(libvirt.libvirtError, match="only with VIR_MIGRATE_TLS"):
+            dom.migrateToURI3(f"qemu+tls://{lab_host(2).ip}/system", {},
+                              libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PEER2PEER)
+        assert dom.isActive()
+    finally:
+        conn.close()

@@ -6,16 +6,19 @@ from .. import admission, demo as demo_mod
 from ..errors import VmmgrError
 from ..fleet import Fleet
 from ..migration import MigrationResult, migrate
-from ..paths import Paths
+from ..paths import Paths, lab_paths
 from .base import progress_printer, cli
 from .dispatch import run_operation
 
 @cli.command()
 @click.option("--hosts", default=3, show_default=True, type=click.IntRange(2, 9))
 @click.option("--keep-lab", is_flag=True, help="Leave the lab running afterwards.")
-@click.pass_obj
-def demo(paths: Paths, hosts: int, keep_lab: bool) -> None:
+@click.pass_context
+def demo(ctx: click.Context, hosts: int, keep_lab: bool) -> None:
     """Boot a counter VM, move it around the lab while it counts, compare with one that stayed."""
+    # The lab's own home unless one was given: never a real fleet's.
+    paths = ctx.obj if ctx.find_root().params.get("home") is not None else lab_paths()
+
     def through_task_api(vm: str, target: str) -> MigrationResult:
         # `lab up` (inside the demo) has started Redis and the workers by the time this runs.
         with Fleet(paths) as fleet:

@@ -51,13 +51,17 @@ def _devices(row: dict) -> str:
 @click.option("--device", "device_specs", multiple=True, metavar="ADDRESS=MODEL[:KIND]",
               help="A passed-through device VMs may ask for, e.g. 0000:65:00.0=a100-80g "
                    "(KIND: vfio, the default, or standin in a lab).")
+@click.option("--plain-migration", is_flag=True,
+              help="Migrate to it over plain TCP (unencrypted): only for a host whose QEMU is "
+                   "not set up for TLS. The kvm_host role sets up TLS.")
 @wait_option
 @click.pass_obj
 def host_add(paths: Paths, name: str, uri: str, accel: str, memory: int, vcpus: int,
-             device_specs: tuple[str, ...], wait: bool) -> None:
+             device_specs: tuple[str, ...], plain_migration: bool, wait: bool) -> None:
     """Add a host; it must answer first. Parked VMs resume on it if they fit."""
     record = HostRecord(name, uri, accel, memory, vcpus,
-                        devices=tuple(devices.parse(d) for d in device_specs))
+                        devices=tuple(devices.parse(d) for d in device_specs),
+                        tls=not plain_migration)
     validate_name(name, "host")
     with Fleet(paths) as fleet:
         if name in {r.name for r in fleet.inventory.records()}:

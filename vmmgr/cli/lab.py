@@ -4,22 +4,29 @@ import click
 
 from .. import display
 from ..lab import Lab, status_dicts
-from ..paths import Paths
+from ..paths import Paths, lab_paths
 from .base import emit_json, log_line, cli
 
 @cli.group()
-def lab() -> None:
-    """The local lab: several hosts on this machine."""
+@click.pass_context
+def lab(ctx: click.Context) -> None:
+    """The local lab: several hosts on this machine (home: /var/lib/vmmgr-lab unless --home or
+    $VMMGR_HOME says otherwise)."""
+    if ctx.find_root().params.get("home") is None:
+        ctx.obj = lab_paths()
 
 
 @lab.command("up")
 @click.option("--hosts", default=3, show_default=True, type=click.IntRange(1, 9))
 @click.option("--accel", type=click.Choice(["kvm", "tcg"]), help="Skip detection and use this.")
+@click.option("--plain", is_flag=True,
+              help="Plain, unauthenticated TCP between the hosts instead of TLS (opt-in).")
 @click.pass_obj
-def lab_up(paths: Paths, hosts: int, accel: str | None) -> None:
-    """Start (or repair) a lab of N hosts."""
-    records = Lab(paths, log=log_line).up(hosts, accel)
+def lab_up(paths: Paths, hosts: int, accel: str | None, plain: bool) -> None:
+    """Start (or repair) a lab of N hosts, talking and migrating over TLS."""
+    records = Lab(paths, log=log_line).up(hosts, accel, plain=plain)
     click.echo(display.table(["host", "uri", "accel"], [[r.name, r.uri, r.accel] for r in records]))
+    click.echo(f"\nthe lab's home: export VMMGR_HOME={paths.home}")
 
 
 @lab.command("status")
