@@ -24,7 +24,33 @@ BIN = Path(sys.executable).parent
 # A Debian 12 server's base (with systemd, as a real host has), debootstrapped once per machine.
 BASE_PACKAGES = "python3,ca-certificates,systemd"
 BASE = Path(f"/var/cache/vmmgr-test/bookworm-{BASE_PACKAGES.replace(',', '-')}")
-MIRROR = "http://deb.debian.org/debian"
+
+
+def machine_debian_mirror() -> str:
+    """The mirror this machine's apt takes Debian bookworm from (one-line or deb822 sources):
+    the trees are made from the same place, so a machine behind a local mirror keeps working."""
+    sources = Path("/etc/apt")
+    for f in [sources / "sources.list", *sorted((sources / "sources.list.d").glob("*.list"))]:
+        for line in f.read_text().splitlines() if f.is_file() else []:
+            words = line.split("#", 1)[0].split()
+            if words[:1] == ["deb"]:
+                rest = words[1:]
+                if rest and rest[0].startswith("["):  # options: [a=b c=d]
+                    while rest and not rest[0].endswith("]"):
+                        rest = rest[1:]
+                    rest = rest[1:]
+                if len(rest) >= 2 and rest[1] == "bookworm":
+                    return rest[0]
+    for f in sorted((sources / "sources.list.d").glob("*.sources")):
+        for stanza in f.read_text().split("\n\n"):
+            fields = dict(line.split(":", 1) for line in stanza.splitlines()
+                          if ":" in line and not line.startswith("#"))
+            fields = {k.strip().lower(): v.split() for k, v in fields.items()}
+            if "bookworm" in fields.get("suites", []) and fields.get("uris"):
+                return fields["uris"][0]
+    pytest.fail("no apt source for Debian bookworm on this machine to debootstrap from")
+
+
 ARTIFACTS = ROOT / "tests" / "artifacts"  # the playbook runs' output, kept for reading
 # What this machine needs to reach the package registries (pip's local wheel sources and
 # settings, the CA bundle that may hold a proxy's CA) reaches into the trees too, if present.
@@ -62,7 +88,7 @@ def trees(tmp_path_factory):
         shutil.rmtree(BASE, ignore_errors=True)
         BASE.parent.mkdir(parents=True, exist_ok=True)
         proc = run(["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}",
-                    "bookworm", str(BASE), MIRROR])
+                    "bookworm", str(BASE), machine_debian_mirror()])
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     root = tmp_path_factory.mktemp("targets")
     made, mounts = {}, []
