@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from celery.signals import task_received, worker_ready
 
+from vmmgr.locks import Lease
 from vmmgr.paths import default_paths
 from vmmgr.state import FleetState
 
@@ -72,8 +73,9 @@ class Run:
     def __enter__(self) -> "Run":
         runs = self.state.task_started(self.id, worker_host())
         self.rerun = runs > 1 or bool(self.task.request.delivery_info.get("redelivered"))
-        if self.lock:
-            self.state.acquire(self.lock.kind, self.lock.name, self.id, self.lock.what, LOCK_TTL)
+        if self.lock:  # taken over from the submitter (same owner: the task id), renewed
+            self._lease = Lease(self.state, self.lock.kind, self.lock.name, self.id,
+                                self.lock.what, ttl=LOCK_TTL).__enter__()
         self._beat.start()
         if self.rerun:
             self.event(f"run {runs} of this task: checking what the earlier run did")
@@ -83,7 +85,11 @@ class Run:
         self._stop.set()
         self._beat.join()
         if self.lock:
-            self.state.release(self.lock.kind, self.lock.name, self.id)
+            self._lease.__exit__(None, None, None)
+        try:  # the task is over: nothing may stay locked in its name (a dead earlier run's steps)
+            self.state.release_owned(self.id)
+        except Exception:
+            pass  # they expire by themselves
         _delivery_tags.pop(self.id, None)
 
     def event(self, message: str, vm: str = "", host: str = "", kind: str = "info") -> None:
@@ -112,8 +118,6 @@ class Run:
     def _heartbeat(self) -> None:
         while not self._stop.wait(HEARTBEAT):
             try:
-                if self.lock:
-                    self.state.refresh(self.lock.kind, self.lock.name, self.id, LOCK_TTL)
                 tag = _delivery_tags.get(self.id)
                 if tag:
                     self.state.r.zadd(UNACKED_INDEX, {tag: time.time()}, xx=True)

@@ -3,9 +3,11 @@ changes the VM: the same lock whichever node, process or task runs it.
 
 A lock is a lease: taken in an owner's name (a task's id, or a one-off id for a command run in
 this process), kept alive by a thread, given back at the end; if its process dies the lease
-expires. A second operation on the same VM is refused at once and told what holds it. Taking a
-lock its owner already holds nests (a task runs under the lock its submitter took, a reclaim's
-step under its own task): only the outermost holder gives it back.
+expires. A second operation on the same VM is refused at once and told what holds it. The same
+owner may take it again: a task takes over the lock its submitter took in its name (or that a
+dead earlier run of it left), and gives it back at the end. Inside one process a lease the same
+owner already holds there nests (an operation's body under its task's run): only the outermost
+lease gives it back.
 
 A lease can be lost: Redis out of reach for longer than the lease lasts, after which someone else
 may hold it. The holder must then stop changing the VM: `check()` raises, and the migration
@@ -21,6 +23,9 @@ from .errors import Conflict
 
 LEASE_TTL = 30  # s a dead holder keeps a lock; renewed every third of it
 WAIT_POLL = 0.05
+
+_held: dict[tuple[str, str, str], int] = {}  # (kind, name, owner) -> leases held in this process
+_held_lock = threading.Lock()
 
 
 class LockLost(Conflict):
@@ -39,8 +44,14 @@ class Lease:
                                       name=f"lease-{kind}-{name}")
 
     def __enter__(self) -> "Lease":
-        holder = self.state.holder(self.kind, self.name) or ""
-        self.nested = holder.split(" ", 1)[0] == self.owner
+        key = (self.kind, self.name, self.owner)
+        with _held_lock:
+            if _held.get(key):
+                self.nested = True
+                _held[key] += 1
+        if self.nested:
+            self._beat.start()  # to notice a loss; the outer lease keeps it
+            return self
         deadline = time.monotonic() + self.wait
         while True:
             try:
@@ -50,12 +61,19 @@ class Lease:
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(WAIT_POLL)
+        with _held_lock:
+            _held[key] = _held.get(key, 0) + 1
         self._beat.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._beat.join()
+        key = (self.kind, self.name, self.owner)
+        with _held_lock:
+            _held[key] -= 1
+            if not _held[key]:
+                del _held[key]
         if not self.nested:
             try:
                 self.state.release(self.kind, self.name, self.owner)

@@ -167,6 +167,12 @@ class FleetState:
     def release(self, kind: str, name: str, owner: str) -> None:
         self.r.eval(_RELEASE, 1, P + f"lock:{kind}:{name}", owner)
 
+    def release_owned(self, owner: str) -> int:
+        """Give back every lock held in `owner`'s name: its work is over (a task's run ended),
+        including steps a dead earlier run of it left holding their VMs. Returns how many."""
+        return sum(self.r.eval(_RELEASE, 1, key, owner)
+                   for key in self.r.scan_iter(match=P + "lock:*", count=1000))
+
     def holder(self, kind: str, name: str) -> str | None:
         return self.r.get(P + f"lock:{kind}:{name}")
 

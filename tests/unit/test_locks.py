@@ -40,10 +40,20 @@ def test_the_lock_is_given_back_when_the_operation_fails(store):
 
 
 def test_the_owner_nests_and_only_the_outer_holder_gives_it_back(store):
-    store.acquire("vm", "vm1", "task-1", "migration of vm1", ttl=30)  # the submitter
-    with Lease(store, "vm", "vm1", "task-1", "migration of vm1 to host2") as inner:
-        assert inner.nested
-    assert store.holder("vm", "vm1") == "task-1 migration of vm1"
+    with Lease(store, "vm", "vm1", "task-1", "migration of vm1 to host2"):  # the task's run
+        with Lease(store, "vm", "vm1", "task-1", "migration of vm1 to host2") as inner:
+            assert inner.nested  # the operation's body
+        assert store.holder("vm", "vm1") == "task-1 migration of vm1 to host2"
+    assert store.holder("vm", "vm1") is None
+
+
+def test_a_task_takes_over_the_lock_taken_in_its_name_and_gives_it_back(store):
+    # Its submitter took it in the task's name (another process), or a dead earlier run of the
+    # same task left it: this run holds it now, and nothing of it is left afterwards.
+    store.acquire("vm", "vm1", "task-1", "migration of vm1", ttl=600)
+    with Lease(store, "vm", "vm1", "task-1", "migration of vm1") as run:
+        assert not run.nested
+    assert store.holder("vm", "vm1") is None
 
 
 def test_a_lease_is_renewed_while_it_is_held(store, monkeypatch):
@@ -98,3 +108,10 @@ def test_inventory_is_shared_by_every_node(store):
     seen = Inventory(FleetState(store.url).r).get("host4")  # another node's view
     assert (seen.uri, seen.memory_mib, seen.state) == ("qemu+tls://10.0.0.4/system", 2048, "active")
     assert locks.LEASE_TTL >= 10
+
+
+def test_the_end_of_a_task_gives_back_what_a_dead_earlier_run_of_it_held(store):
+    store.acquire("vm", "kd1", "task-7", "migration of kd1 to host2", ttl=30)  # run 1, killed
+    store.acquire("vm", "other", "task-8", "suspend of other", ttl=30)
+    assert store.release_owned("task-7") == 1
+    assert store.holder("vm", "kd1") is None and store.holder("vm", "other")
