@@ -16,6 +16,7 @@ from vmmgr.fleet import Fleet
 from vmmgr.images import ensure_builtin
 from vmmgr.lab import Lab
 from vmmgr.paths import lab_paths
+from vmmgr.operations import LocalReport
 from vmmgr.reclaim import enable, evacuate
 from vmmgr.spec import make_spec
 
@@ -33,6 +34,7 @@ def main() -> None:
         image = ensure_builtin(paths.images)
         line = workloads.cmdline("counter", {"interval": "0.2"})
         with Fleet(paths) as fleet:
+            report_to = LocalReport(fleet)
             for n in (1, 2, 4, 8):
                 for mode, knobs in MODES.items():
                     names = [f"drain{i}" for i in range(n)]
@@ -41,13 +43,13 @@ def main() -> None:
                                                initrd=image.initrd, cmdline=line,
                                                image_root=paths.images), "host1")
                     time.sleep(4 + n)  # let them boot
-                    report = evacuate(fleet, "host1", deadline=False, **knobs)
+                    report = evacuate(fleet, "host1", False, report_to, **knobs)
                     assert len(report.migrated) == n, report
                     rows.append({"vms": n, "mode": mode, "seconds": report.seconds})
                     print(f"{n} VMs, {mode}: {report.seconds} s", flush=True)
                     for name in names:
                         fleet.destroy(name)
-                    enable(fleet, "host1")
+                    enable(fleet, "host1", report_to)
     finally:
         if started:
             lab.down()

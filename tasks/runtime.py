@@ -8,6 +8,7 @@ unacknowledged message once its entry in the unacked index is older than the vis
 so refreshing that entry means "still working on it".
 """
 
+import logging
 import os
 import socket
 import threading
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 from celery.signals import task_received, worker_ready
 
+from vmmgr import view
 from vmmgr.locks import Lease
 from vmmgr.paths import default_paths
 from vmmgr.state import FleetState
@@ -38,6 +40,11 @@ def _remember_delivery_tag(request=None, **_):
 
 @worker_ready.connect
 def _announce_ready(sender=None, **_):
+    # The fleet view follows this host's libvirt events (view.follow_host) for as long as the
+    # worker runs.
+    threading.Thread(target=view.follow_host, name="view-events", daemon=True,
+                     args=(default_paths(), worker_host(), threading.Event(),
+                           logging.getLogger("vmmgr.view").warning)).start()
     # `vmmgr lab up` (and an operator's health check) wait for this key.
     state().r.set(f"vmmgr:worker:{worker_host()}", f"{os.getpid()} {sender.hostname}")
 

@@ -9,6 +9,7 @@ class VmmgrError(Exception):
     """Something went wrong; the message is meant for the operator, on one line."""
 
     exit_code = 1
+    detail = ""  # a hypervisor's own words, where they came from one
 
 
 class InvalidRequest(VmmgrError):
@@ -44,3 +45,7 @@ class MigrationFailed(VmmgrError):
 class HibernationFailed(MigrationFailed):
     """The guest did not hibernate (its agent did not answer, or it did not power off in time).
     The VM is still running where it was."""
+
+
+class JobAborted(VmmgrError):
+    """A hypervisor job (a migration, a save) was aborted before it completed."""

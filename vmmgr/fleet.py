@@ -11,7 +11,9 @@ import uuid
 from pathlib import Path
 from dataclasses import dataclass, replace
 
-from . import console, devices
+import redis
+
+from . import console, devices, view
 from .addresses import NetworkConfig, pool_for
 from .edge import Edge
 from .errors import Conflict, HostUnreachable, InvalidRequest, NotFound, VmmgrError
@@ -21,7 +23,7 @@ from .inventory import Inventory
 from .locks import Lease
 from .paths import Paths
 from .placement import refusal
-from .render import domain_xml, workload_of
+from .render import address_of, domain_xml, workload_of
 from .spec import VMSpec, validate_name
 from .state import FleetState
 
@@ -38,6 +40,9 @@ class VMInfo:
     device_count: int = 0
     live: bool = True  # False: a device blocks live migration (see devices.live_migratable)
     not_live_because: str = ""
+    address: str = ""  # its stable address ("" without one)
+    uuid: str = ""
+    held: tuple[str, ...] = ()  # the addresses of the host's devices it holds
 
 
 def new_owner() -> str:
@@ -152,7 +157,44 @@ class Fleet:
         xml = g.xml()  # once: workload, devices and migratability all read it
         live, why = devices.live_migratable(xml)
         return VMInfo(g.name, host_name, g.state(), g.memory_mib(), g.vcpus(), workload_of(xml),
-                      *devices.wanted(xml), live, "" if live else why)
+                      *devices.wanted(xml), live, "" if live else why, address_of(xml) or "",
+                      g.uuid, tuple(devices.held(xml)))
+
+    # ---- the fleet view (see view.py) -----------------------------------------------------
+
+    def publish(self, vm: str) -> None:
+        """Write the VM's row of the fleet view from libvirt and the storage, or drop it if the
+        VM is gone. Never fails the operation that calls it: the next reconcile repairs it."""
+        try:
+            row = view.suspended_row(self.paths.saves / vm)
+            if row is None:
+                guest = self.find(vm)
+                info = self._info(guest.host_name, guest) if guest is not None else None
+                row = view.guest_row(info) if info is not None else None
+            if row is None:
+                self.state.drop_vm_view(vm)
+            else:
+                self.state.put_vm_views([row])
+        except (VmmgrError, redis.RedisError):
+            pass
+
+    def refresh_view(self) -> list[dict]:
+        """Rewrite the whole fleet view from libvirt and the storage; returns its rows.
+        A host that does not answer keeps its VMs' rows as they were."""
+        rows, unreachable = [], set()
+        for host in self.hosts():
+            try:
+                guests = host.guests()
+            except HostUnreachable:
+                unreachable.add(host.name)
+                continue
+            rows += [view.guest_row(i) for i in read_each(guests, lambda g, h=host.name:
+                                                          self._info(h, g)) if i]
+        if self.paths.saves.is_dir():
+            rows += [r for r in (view.suspended_row(d) for d in self.paths.saves.iterdir()) if r]
+        rows += [r for r in self.state.vm_views() if r["host"] in unreachable]
+        self.state.replace_vm_views(rows)
+        return rows
 
     def create(self, spec: VMSpec, host_name: str) -> Guest:
         """Define and start `spec` on a host; on any failure nothing is left defined."""
@@ -191,6 +233,7 @@ class Fleet:
                 raise
             if spec.address:
                 self.route_address(spec.address, host_name)
+            self.publish(spec.name)
             return guest
 
     def swap_disk_path(self, vm: str) -> Path:
@@ -235,6 +278,7 @@ class Fleet:
             pool = pool_for(self.paths)
             if pool is not None:
                 pool.release(vm)
+            self.publish(vm)
             return guest.host_name if guest is not None else "storage (suspended)"
 
 

@@ -52,11 +52,6 @@ class Guest:
     def uuid(self) -> str:
         return self._dom.UUIDString()
 
-    @property
-    def domain(self) -> libvirt.virDomain:
-        """The libvirt handle, for the few core modules (migration) that drive it directly."""
-        return self._dom
-
     def state(self) -> str:
         with translated(f"state of {self.name}"):
             code, _reason = self._dom.state()
@@ -90,8 +85,11 @@ class Guest:
         with translated(f"vCPUs of {self.name}"):
             return self._dom.info()[3]
 
-    def xml(self, migratable: bool = False) -> str:
-        flags = libvirt.VIR_DOMAIN_XML_MIGRATABLE if migratable else 0
+    def xml(self, migratable: bool = False, inactive: bool = False) -> str:
+        """The running definition; `inactive`: the persistent one (what a host defines anew);
+        `migratable`: without what only this host's libvirt may keep."""
+        flags = (libvirt.VIR_DOMAIN_XML_MIGRATABLE if migratable else 0) | (
+            libvirt.VIR_DOMAIN_XML_INACTIVE if inactive else 0)
         with translated(f"XML of {self.name}"):
             return self._dom.XMLDesc(flags)
 
@@ -137,6 +135,40 @@ class Guest:
         with translated(f"resume {self.name}"):
             self._dom.resume()
 
+    def pause(self) -> None:
+        with translated(f"pause {self.name}"):
+            self._dom.suspend()
+
     def abort_job(self) -> None:
         with translated(f"abort job of {self.name}"):
             self._dom.abortJob()
+
+    # ---- migration (the engine steers; these only carry its orders to libvirt) ----------
+
+    def migrate_to(self, dest_uri: str, params: dict, flags: int) -> None:
+        """libvirt's peer-to-peer migration; blocks until it ends. A failure is raised as
+        vmmgr's error (JobAborted when the job was aborted), with libvirt's words in `detail`."""
+        with translated(f"migrate {self.name} from {self.host_name}"):
+            self._dom.migrateToURI3(dest_uri, params, flags)
+
+    def set_max_downtime(self, ms: int) -> None:
+        with translated(f"downtime limit of {self.name}"):
+            self._dom.migrateSetMaxDowntime(ms)
+
+    def start_postcopy(self) -> None:
+        with translated(f"post-copy of {self.name}"):
+            self._dom.migrateStartPostCopy()
+
+    # ---- to and from storage --------------------------------------------------------------
+
+    def save(self, path: Path) -> None:
+        """libvirt's save (a migration into a file); on failure the guest keeps running."""
+        with translated(f"save {self.name} on {self.host_name}"):
+            self._dom.saveFlags(str(path), None, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+
+    def hibernate(self, agent_timeout: int) -> None:
+        """Ask the guest agent for suspend-to-disk (the guest writes its image and powers off).
+        libvirt would wait for the agent for ever: `agent_timeout` bounds it."""
+        with translated(f"hibernate {self.name} on {self.host_name}"):
+            self._dom.agentSetResponseTimeout(agent_timeout, 0)
+            self._dom.pMSuspendForDuration(libvirt.VIR_NODE_SUSPEND_TARGET_DISK, 0, 0)

@@ -4,6 +4,7 @@ import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple
 
 import libvirt
@@ -70,9 +71,10 @@ class Host:
                 self._conn = libvirt.open(self.uri)
         return self._conn
 
-    def watch_lifecycle(self, vm: str, callback: Callable[[int, int], None]) -> int:
-        """Call `callback(event, detail)` on each lifecycle event of `vm` here; returns a token
-        for `unwatch`. Runs in libvirt's event thread: keep it short."""
+    def watch_lifecycle(self, vm: str | None, callback: Callable[..., None]) -> int:
+        """Call `callback(event, detail)` on each lifecycle event of `vm` here (of every VM,
+        as `callback(name, event, detail)`, when `vm` is None); returns a token for `unwatch`.
+        Runs in libvirt's event thread: keep it short."""
         with self._listen_lock:
             if self._lifecycle_cb is None:
                 with translated(f"watch events on {self.name}"):
@@ -90,8 +92,18 @@ class Host:
         name = dom.name()
         with self._listen_lock:
             wanted = [cb for vm, cb in self._listeners.values() if vm == name]
+            everything = [cb for vm, cb in self._listeners.values() if vm is None]
         for callback in wanted:
             callback(event, detail)
+        for callback in everything:
+            callback(name, event, detail)
+
+    def alive(self) -> bool:
+        """Whether the connection still answers (a restarted libvirtd drops it)."""
+        try:
+            return self._conn is not None and bool(self._conn.isAlive())
+        except libvirt.libvirtError:
+            return False
 
     def close(self) -> None:
         self._lifecycle_cb = None
@@ -117,6 +129,17 @@ class Host:
     def define(self, xml: str) -> Guest:
         with translated(f"define VM on {self.name}"):
             return Guest(self.conn.defineXML(xml), self.name)
+
+    def restore(self, image: Path, xml: str) -> None:
+        """Restore a saved guest from `image` with definition `xml`, running."""
+        with translated(f"restore {image.parent.name} on {self.name}"):
+            self.conn.restoreFlags(str(image), xml, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+
+    def save_image_xml(self, image: Path) -> str:
+        """The definition a save image holds."""
+        with translated(f"read save image {image}"):
+            return self.conn.saveImageGetXMLDesc(str(image),
+                                                 libvirt.VIR_DOMAIN_SAVE_IMAGE_XML_SECURE)
 
     def capacity(self) -> Capacity:
         with translated(f"host info of {self.name}"):

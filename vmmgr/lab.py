@@ -58,6 +58,7 @@ LIBVIRT_DIRS = {  # per-host folder -> the path libvirtd sees
     "cache": "/var/cache/libvirt",
 }
 EMULATOR = "/usr/bin/qemu-system-x86_64"
+NWFILTERS = "/etc/libvirt/nwfilter"  # libvirt-daemon-config-nwfilter's filter definitions
 CAPS = "qemu/capabilities"  # libvirtd's probe of QEMU, 15-25 s on first start: shared between hosts
 FIRST_START_TIMEOUT = 30  # a start takes about 1 s; the first probe of QEMU up to 25 s
 READY_TIMEOUT = 90
@@ -117,7 +118,7 @@ class Lab:
         self.paths = paths
         self.root = paths.lab
         self.log = log
-        self.pki = LabPKI(self.root / "pki")
+        self.pki = LabPKI(self.root / "pki", paths.home)
         self.tls = self._read_state().get("tls", True)
 
     def _uri(self, h: LabHost) -> str:
@@ -175,6 +176,9 @@ class Lab:
             self._write_state({"accel": accel, "tls": self.tls})
             LabNetwork(self.paths, BRIDGE, self.log).up(
                 {h.name: (h.namespace, h.ip, h.index) for h in self.running_hosts()})
+            if self.tls:  # each host's worker dials libvirt with its host's certificate
+                for h in self.running_hosts():
+                    LabPKI.install_client(services.node_home(h.name), self._host_dir(h) / "pki")
             services.start_workers({h.name: h.namespace for h in self.running_hosts()})
             services.start_beat()
             return records
@@ -195,7 +199,9 @@ class Lab:
             self.services().stop()
             LabNetwork(self.paths, BRIDGE).remove_keys()
             shutil.rmtree(self.root / "hosts", ignore_errors=True)
+            shutil.rmtree(self.root / "nodes", ignore_errors=True)  # the hosts' own homes
             shutil.rmtree(self.pki.root, ignore_errors=True)
+            shutil.rmtree(self.pki.client_dir, ignore_errors=True)
             self._remove_lab_vm_files()
             (self.root / "state.json").unlink(missing_ok=True)
             return removed
@@ -347,6 +353,9 @@ class Lab:
         hook.write_bytes(hook_script())
         hook.chmod(0o755)
         (d / "etc" / "qemu.conf").write_text(_qemu_conf(h, self.tls))
+        # libvirt's network filters (clean-traffic and what it includes), as Debian's package
+        # installs them in /etc/libvirt/nwfilter of a real host.
+        shutil.copytree(NWFILTERS, d / "etc" / "nwfilter", dirs_exist_ok=True)
         (d / "hosts").write_text(_etc_hosts())
         if self.tls:  # the host's /etc/pki, as the kvm_host role installs it
             self.pki.install_host(d / "pki", h.name, h.ip)

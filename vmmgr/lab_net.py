@@ -10,6 +10,11 @@ when it leaves); whatever the guests send elsewhere goes into the tunnel to the 
 sends each guest /32 down the tunnel of the host that holds the VM now (`edge.Edge`), and
 source-NATs what guests send outside. Interface names carry the host's name because
 wireguard-go's control sockets (/run/wireguard/<if>.sock) are not per network namespace.
+
+Guests never reach the management plane (Redis, libvirtd, sshd, the storage, other hosts): what
+a guest sends may go only to another local guest or into the tunnel, never to the host itself;
+at the edge, what comes out of the tunnels may go only outside or back into a tunnel. The same
+rules as the `kvm_host` and `edge` roles' nftables files, written with iptables here.
 """
 
 import subprocess
@@ -28,6 +33,7 @@ OUTSIDE_EDGE_IP, OUTSIDE_CLIENT_IP = "10.80.0.1", "10.80.0.2"
 TUNNEL = "10.79.0"
 POOL, GATEWAY = "10.78.0.0/24", "10.78.0.1"
 WG_PORT = 51820
+GUEST_BRIDGE = "br-guest"
 GUEST_TABLE = "100"  # guests' traffic that is not for a local guest: into the tunnel
 
 
@@ -89,9 +95,16 @@ class LabNetwork:
         # Connections the guests open to the outside leave with the edge's address.
         _ns(EDGE_NS, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", POOL, "-o", "out0",
             "-j", "MASQUERADE")
+        # Out of the tunnels: outside or into a tunnel; never the management network (eth0)
+        # nor the edge itself.
+        _ns(EDGE_NS, "iptables", "-A", "FORWARD", "-i", "wg-edge", "-o", "out0", "-j", "ACCEPT")
+        _ns(EDGE_NS, "iptables", "-A", "FORWARD", "-i", "wg-edge", "-o", "wg-edge", "-j", "ACCEPT")
+        _ns(EDGE_NS, "iptables", "-A", "FORWARD", "-i", "wg-edge", "-j", "DROP")
+        _ns(EDGE_NS, "iptables", "-A", "INPUT", "-i", "wg-edge", "-s", POOL, "-j", "DROP")
 
     def _route_guests(self, ns: str, wg_if: str) -> None:
         _ns(ns, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        _isolate_guests(ns, wg_if)
         rules = _ns(ns, "ip", "rule", "show")
         if f"from {POOL} lookup main suppress_prefixlength 0" not in rules:
             # Local guests (their /32s in the main table) first, everything else to the edge.
@@ -116,6 +129,26 @@ class LabNetwork:
         EdgeConfig.remove(self.paths)
         for sock in Path("/run/wireguard").glob("wg-*.sock"):
             sock.unlink(missing_ok=True)
+
+
+def _isolate_guests(ns: str, wg_if: str) -> None:
+    """A host's guests reach other local guests and the tunnel to the edge, nothing else: not
+    the host (its libvirtd, sshd), not the management network (Redis, storage, other hosts).
+    The guests' policy route looks up the main table first, which knows the management network,
+    so this is what keeps them off it."""
+    chain = "VMMGR-GUESTS"
+    if _run_ok(["ip", "netns", "exec", ns, "iptables", "-N", chain]):
+        for rule in (["-o", GUEST_BRIDGE, "-j", "ACCEPT"], ["-o", wg_if, "-j", "ACCEPT"],
+                     ["-j", "DROP"]):
+            _ns(ns, "iptables", "-A", chain, *rule)
+    for hook, target in (("FORWARD", chain), ("INPUT", "DROP")):
+        if not _run_ok(["ip", "netns", "exec", ns, "iptables", "-C", hook, "-i", GUEST_BRIDGE,
+                        "-j", target]):
+            _ns(ns, "iptables", "-I", hook, "-i", GUEST_BRIDGE, "-j", target)
+
+
+def _run_ok(cmd: list[str]) -> bool:
+    return subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL).returncode == 0
 
 
 def _wg_interface(ns: str, name: str, cidr: str, key: Path, listen: bool) -> None:

@@ -34,11 +34,20 @@ def render_role_template(name: str, **variables) -> str:
     return env.get_template(name).render(ansible_managed="Written by vmmgr lab", **variables)
 
 
-class LabPKI:
-    """A CA under `root`, and certificates signed by it."""
+CLIENT_PKI = "libvirt-pki"  # in a node's home: its libvirt client certificate (`pkipath`)
 
-    def __init__(self, root: Path):
+
+class LabPKI:
+    """A CA under `root`, and certificates signed by it.
+
+    A libvirt client (the control node's CLI, a host's worker) finds its certificate through the
+    `pkipath` in the hosts' URIs: `<home>/libvirt-pki`, the same path in every node's home, where
+    the control node keeps a client certificate of its own and each host its host certificate
+    (as a real host's worker uses the one in its /etc/pki)."""
+
+    def __init__(self, root: Path, home: Path):
         self.root = root
+        self.home = home
 
     @property
     def ca_cert(self) -> Path:
@@ -51,7 +60,17 @@ class LabPKI:
     @property
     def client_dir(self) -> Path:
         """The control node's client certificate, as libvirt's `pkipath` wants it."""
-        return self.root / "control"
+        return self.home / CLIENT_PKI
+
+    @staticmethod
+    def install_client(node_home: Path, etc_pki: Path) -> None:
+        """A host's own certificate as its node's libvirt client certificate."""
+        d = node_home / CLIENT_PKI
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for src, name in (("CA/cacert.pem", "cacert.pem"), ("libvirt/clientcert.pem",
+                                                             "clientcert.pem"),
+                          ("libvirt/private/clientkey.pem", "clientkey.pem")):
+            shutil.copy(etc_pki / src, d / name)
 
     def ensure(self) -> None:
         if not self.ca_cert.exists():

@@ -1,6 +1,13 @@
 """The lab's control plane: a Redis server, one Celery worker per lab host (inside that host's
 network namespace, consuming its own queue and `control`) and Celery beat (running reconcile).
 
+A host's worker sees what a real host's worker sees: its own home at the same path as the control
+node's (`VMMGR_HOME`), holding only the files the `vmmgr_worker` role writes there (edge.json,
+network.json), with the shared storage mounted at `<home>/storage`. It runs in a mount namespace
+of its own where the node's folder (`<home>/lab/nodes/<host>`) is mounted over the home, so the
+control node's files (users, keys, the lab's own state) and the other hosts' homes are out of
+its sight, as they are on a fleet of separate machines.
+
 Redis listens on the inter-host bridge, as it would on a control node's management address.
 Every process started here has the lab's directory on its command line, so `stop` finds them
 even after a crash that lost the pid files.
@@ -67,21 +74,51 @@ class Services:
 
     # ---- Celery ---------------------------------------------------------------------------
 
+    def node_home(self, host: str) -> Path:
+        """Host `host`'s own home, as the control node's folder that its worker sees as
+        `VMMGR_HOME` (`worker_log` is in it)."""
+        return self.paths.lab / "nodes" / host
+
+    def worker_log(self, host: str) -> Path:
+        return self.node_home(host) / "worker.log"
+
+    def write_node_files(self, hosts: list[str]) -> None:
+        """What the vmmgr_worker role writes into a host's home: the edge and the guest network.
+        Written at every `up`: a repaired lab may have new keys."""
+        for host in hosts:
+            node = self.node_home(host)
+            (node / "storage").mkdir(parents=True, exist_ok=True)
+            for name in ("edge.json", "network.json"):
+                src = self.paths.home / name
+                if src.exists():
+                    tmp = node / f".{name}.tmp"
+                    tmp.write_bytes(src.read_bytes())
+                    os.replace(tmp, node / name)
+
     def start_workers(self, namespaces: dict[str, str]) -> None:
         """One worker per host (name -> network namespace) that has none running."""
         r = redis.Redis.from_url(self.url, decode_responses=True)
+        self.write_node_files(list(namespaces))
+        home, storage = str(self.paths.home), str(self.paths.storage)
+        # In the worker's own mount namespace: the shared storage into the node's folder, then
+        # the node's folder (with it) over the home.
+        script = 'set -e; mount --bind "$1" "$2/storage"; mount --rbind "$2" "$3"; shift 3; exec "$@"'
         started = {}
         for host, ns in namespaces.items():
             if self._alive(f"worker-{host}"):
                 continue
             r.delete(f"vmmgr:worker:{host}")
-            log = self.root / f"worker-{host}.log"
-            cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "celery", "-A", "tasks.app",
-                   "worker", "-Q", f"host.{host},control", "-n", f"{host}@vmmgr-lab",
-                   "--pool", "threads", "--concurrency", str(WORKER_THREADS),
-                   "--loglevel", "INFO", "--logfile", str(log), "--without-mingle",
-                   "--without-gossip"]
-            started[host] = self._spawn(f"worker-{host}", cmd, self.env(host))
+            node = self.node_home(host)
+            cmd = ["ip", "netns", "exec", ns, "unshare", "-m", "--propagation", "private",
+                   "sh", "-c", script, "node-home", storage, str(node), home,
+                   # -X: the lab's folder on the command line, where `_alive` looks for it
+                   sys.executable, "-X", f"vmmgr-lab={self.root}", "-m", "celery",
+                   "-A", "tasks.app", "worker", "-Q", f"host.{host},control",
+                   "-n", f"{host}@vmmgr-lab", "--pool", "threads",
+                   "--concurrency", str(WORKER_THREADS), "--loglevel", "INFO",
+                   "--logfile", f"{home}/worker.log",  # the node's own home, seen from inside
+                   "--without-mingle", "--without-gossip"]
+            started[host] = self._spawn(f"worker-{host}", cmd, self.env(host), cwd=node)
         for host, pid in started.items():
             def ready() -> bool:
                 if not _running(pid):
@@ -89,7 +126,7 @@ class Services:
                                      f"{self.root / f'worker-{host}.out'}")
                 return (r.get(f"vmmgr:worker:{host}") or "").split(" ")[0] == str(pid)
             _until(ready, READY_TIMEOUT, f"the Celery worker of {host} did not start: see "
-                   f"{self.root / f'worker-{host}.log'}")
+                   f"{self.worker_log(host)}")
         if started:
             self.log(f"celery workers ready: {', '.join(started)}")
 
@@ -121,12 +158,12 @@ class Services:
 
     # ---- processes ----------------------------------------------------------------------
 
-    def _spawn(self, name: str, cmd: list[str], env: dict) -> int:
+    def _spawn(self, name: str, cmd: list[str], env: dict, cwd: Path | None = None) -> int:
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / f"{name}.out", "ab") as out:
             proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                    cwd=self.root)
+                                    cwd=cwd or self.root)
         (self.root / f"{name}.pid").write_text(f"{proc.pid}\n")
         return proc.pid
 

@@ -8,10 +8,11 @@ from contextlib import contextmanager
 
 import libvirt
 
-from .errors import Conflict, HostUnreachable, NotFound, VmmgrError
+from .errors import Conflict, HostUnreachable, JobAborted, NotFound, VmmgrError
 
 _NOT_FOUND = {"VIR_ERR_NO_DOMAIN"}
 _CONFLICT = {"VIR_ERR_OPERATION_INVALID", "VIR_ERR_DOM_EXIST", "VIR_ERR_OPERATION_UNSUPPORTED"}
+_ABORTED = {"VIR_ERR_OPERATION_ABORTED"}
 _UNREACHABLE = {"VIR_ERR_NO_CONNECT", "VIR_ERR_INVALID_CONN", "VIR_ERR_RPC", "VIR_ERR_AUTH_FAILED"}
 
 
@@ -21,16 +22,23 @@ def _code_names(names: set[str]) -> set[int]:
 
 def translate(err: libvirt.libvirtError, what: str) -> VmmgrError:
     code = err.get_error_code()
-    message = f"{what}: {err.get_error_message() or err}"
+    detail = err.get_error_message() or str(err)
+    message = f"{what}: {detail}"
     if code in _code_names(_NOT_FOUND):
-        return NotFound(message)
-    if code in _code_names(_CONFLICT):
-        return Conflict(message)
-    if code in _code_names(_UNREACHABLE) or (
+        kind = NotFound
+    elif code in _code_names(_ABORTED):
+        kind = JobAborted
+    elif code in _code_names(_CONFLICT):
+        kind = Conflict
+    elif code in _code_names(_UNREACHABLE) or (
         code == libvirt.VIR_ERR_SYSTEM_ERROR and err.get_error_domain() == libvirt.VIR_FROM_RPC
     ):
-        return HostUnreachable(message)
-    return VmmgrError(message)
+        kind = HostUnreachable
+    else:
+        kind = VmmgrError
+    translated_err = kind(message)
+    translated_err.detail = detail
+    return translated_err
 
 
 @contextmanager

@@ -17,10 +17,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import libvirt
 
 from . import console, policy as pol
-from .errors import Conflict, MigrationFailed, NotFound, VmmgrError
+from .errors import Conflict, JobAborted, MigrationFailed, NotFound, VmmgrError
 from .fleet import Fleet, require_active, require_other_host
 from .guest import Guest
-from .libvirt_errors import translated
 from .locks import Lease
 from .placement import refusal
 from .policy import Policy
@@ -177,7 +176,11 @@ def migrate(
         if reason:
             raise Conflict(f"host {target} has no room for {vm}: {reason}")
         lease.check()
-        return _Migration(fleet, guest, target, policy, on_progress, poll_interval, lease).run()
+        try:
+            return _Migration(fleet, guest, target, policy, on_progress, poll_interval,
+                              lease).run()
+        finally:
+            fleet.publish(vm)  # wherever it ended up
 
 
 def require_live_migratable(guest) -> None:
@@ -222,10 +225,7 @@ class _Migration:
     def run(self) -> MigrationResult:
         guest = self.guest
         segment = console.next_segment(self.fleet.paths.consoles, guest.name, self.target)
-        with translated(f"XML of {guest.name}"):
-            persistent = guest.domain.XMLDesc(
-                libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_MIGRATABLE
-            )
+        persistent = guest.xml(inactive=True, migratable=True)
         flags, params = flags_and_params(self.policy)
         if self.dest.record.tls:  # a host set up for TLS refuses a migration without it
             flags |= libvirt.VIR_MIGRATE_TLS
@@ -271,14 +271,14 @@ class _Migration:
 
         return self.dest.watch_lifecycle(self.guest.name, on_lifecycle)
 
-    def _migrate(self, params: dict, flags: int, watch: pol.Watch) -> libvirt.libvirtError | None:
+    def _migrate(self, params: dict, flags: int, watch: pol.Watch) -> Exception | None:
         error = self._call_and_monitor(params, flags, watch)
         attempts = 0
         while error is not None and self.postcopy_started and attempts < POSTCOPY_RECOVERY_ATTEMPTS:
             # The link broke during post-copy: the VM's memory is split between the hosts, so the
             # only way forward is to resume the same migration once the link is back.
             attempts += 1
-            self._event(f"post-copy interrupted ({error.get_error_message()}); recovery attempt {attempts}")
+            self._event(f"post-copy interrupted ({_words(error)}); recovery attempt {attempts}")
             time.sleep(min(2 ** attempts, 10))
             error = self._call_and_monitor(params, flags | libvirt.VIR_MIGRATE_POSTCOPY_RESUME,
                                            pol.Watch(started=time.monotonic(), postcopy=True))
@@ -301,14 +301,13 @@ class _Migration:
             events=tuple(self.events),
         )
 
-    def _call_and_monitor(self, params: dict, flags: int, watch: pol.Watch
-                          ) -> libvirt.libvirtError | None:
+    def _call_and_monitor(self, params: dict, flags: int, watch: pol.Watch) -> Exception | None:
         outcome: dict = {}
 
         def call() -> None:
             try:
-                self.guest.domain.migrateToURI3(peer_uri(self.dest.uri), params, flags)
-            except libvirt.libvirtError as err:
+                self.guest.migrate_to(peer_uri(self.dest.uri), params, flags)
+            except Exception as err:  # anything but a return is a failure, never a success
                 outcome["error"] = err
 
         worker = threading.Thread(target=call, name=f"migrate-{self.guest.name}", daemon=True)
@@ -341,33 +340,33 @@ class _Migration:
         return outcome.get("error")
 
     def _apply(self, action) -> str | None:
-        dom = self.guest.domain
+        guest = self.guest
         try:
             if isinstance(action, pol.SetDowntime):
-                dom.migrateSetMaxDowntime(action.ms)
+                guest.set_max_downtime(action.ms)
                 return f"downtime limit {action.ms} ms"
             if isinstance(action, pol.StartPostCopy):
-                dom.migrateStartPostCopy()
+                guest.start_postcopy()
                 self.postcopy_started = True
                 return self._event(f"switched to post-copy: {action.reason}")
             if isinstance(action, pol.Abort):
                 self.policy_abort = action.reason
-                dom.abortJob()
+                guest.abort_job()
                 return self._event(f"aborting: {action.reason}")
             if isinstance(action, pol.Pause):
-                dom.suspend()
+                guest.pause()
                 self.paused = True
                 return self._event(f"paused the guest to finish: {action.reason}")
-        except libvirt.libvirtError as err:
+        except VmmgrError as err:
             # The job may have ended between the poll and the action; the call's result decides.
-            return self._event(f"could not apply {type(action).__name__}: {err.get_error_message()}")
+            return self._event(f"could not apply {type(action).__name__}: {_words(err)}")
         return None
 
     def _event(self, text: str) -> str:
         self.events.append(text)
         return text
 
-    def _fail(self, error: libvirt.libvirtError, segment) -> None:
+    def _fail(self, error: Exception, segment) -> None:
         _drop_if_empty(segment)
         if self.paused and _is_active(self.guest) and self.guest.state() == "paused":
             self.guest.resume()  # a pause we ordered must not outlive the attempt
@@ -377,13 +376,18 @@ class _Migration:
         if self.postcopy_started:
             raise MigrationFailed(
                 f"{what} broke in post-copy and {POSTCOPY_RECOVERY_ATTEMPTS} recovery attempts "
-                f"failed ({error.get_error_message()}); its memory is split between the hosts, so "
+                f"failed ({_words(error)}); its memory is split between the hosts, so "
                 f"it stays paused on both until the link is back and the migration is resumed")
         if self.policy_abort:
             raise MigrationFailed(f"{what} aborted by policy {self.policy.name}: {self.policy_abort}; {tail}")
-        if error.get_error_code() == libvirt.VIR_ERR_OPERATION_ABORTED:
+        if isinstance(error, JobAborted):
             raise MigrationCancelled(f"{what} was cancelled; {tail}")
-        raise MigrationFailed(f"{what} failed: {error.get_error_message()}; {tail}")
+        raise MigrationFailed(f"{what} failed: {_words(error)}; {tail}")
+
+
+def _words(error: Exception) -> str:
+    """What went wrong, in the hypervisor's own words where it gave any."""
+    return getattr(error, "detail", "") or f"{type(error).__name__}: {error}"
 
 
 def _active_job_stats(guest: Guest) -> dict | None:

@@ -18,3 +18,64 @@ def how_it_moves(choices: list[dict], live: bool = True, not_live_because: str =
     if fitting:
         return {"mode": "live migration", "reason": f"fits on {', '.join(fitting)}"}
     return {"mode": "suspend to disk", "reason": f"no other host has room ({why_not})"}
+
+
+NAMED = 5  # hosts named in a summary; the rest are counted
+
+
+class MovesIndex:
+    """`how_it_moves` for many VMs at once, over one listing of hosts: the choices depend only on
+    a VM's size and device needs, so they are worked out once per size (a fleet of 20,000 VMs
+    has a handful of sizes), and each VM then only leaves its own host out. Past NAMED hosts a
+    summary names the first ones and counts the rest."""
+
+    def __init__(self, hosts: dict):
+        self.hosts = hosts  # name -> (state, capacity or None), as target_choices takes
+        self._by_size: dict[tuple, tuple[list[str], list[dict]]] = {}
+
+    def moves(self, own_host: str, memory_mib: int, vcpus: int, device_model: str = "",
+              device_count: int = 0, live: bool = True, not_live_because: str = "") -> dict:
+        from .placement import target_choices
+
+        key = (memory_mib, vcpus, device_model, device_count)
+        if key not in self._by_size:
+            choices = target_choices(None, *key[:2], self.hosts, *key[2:])
+            fit = [c["host"] for c in choices if c["ok"]]
+            refused = [c for c in choices if not c["ok"]]
+            self._by_size[key] = (fit, set(fit), refused, {c["host"] for c in refused})
+        fit, fit_names, refused, refused_names = self._by_size[key]
+        return _summary(
+            (_first_except(fit, own_host, lambda h: h), len(fit) - (own_host in fit_names)),
+            (_first_except(refused, own_host, lambda c: c["host"]),
+             len(refused) - (own_host in refused_names)),
+            live, not_live_because)
+
+
+def _first_except(items: list, own: str, name) -> list:
+    """The first NAMED items not named `own`."""
+    first = []
+    for item in items:
+        if name(item) != own:
+            first.append(item)
+            if len(first) == NAMED:
+                break
+    return first
+
+
+def _summary(fitting: tuple[list, int], refused: tuple[list, int], live: bool,
+             not_live_because: str) -> dict:
+    names, n_fit = fitting
+    where = ", ".join(names) + (f" and {n_fit - len(names)} more" if n_fit > len(names) else "")
+    reasons, n_refused = refused
+    why_not = "; ".join(f"{c['host']}: {c['reason']}" for c in reasons) + (
+        f"; and {n_refused - len(reasons)} more hosts" if n_refused > len(reasons) else "")
+    why_not = why_not or "no other host"
+    if not live:
+        then = (f"then boots from its image on {where}" if n_fit else
+                f"and stays parked until a host can take it ({why_not})")
+        return {"mode": "guest hibernation",
+                "reason": f"it {not_live_because}: never live-migrated; its guest hibernates to "
+                          f"shared storage {then}"}
+    if n_fit:
+        return {"mode": "live migration", "reason": f"fits on {where}"}
+    return {"mode": "suspend to disk", "reason": f"no other host has room ({why_not})"}

@@ -7,23 +7,22 @@ no new VMs from the start and ends `reclaimed` (empty, out of service) until `en
 `resume_parked` brings suspended VMs back, oldest first, wherever there is room: it runs when a host
 is enabled and on every reconcile.
 
-The plan is a pure function over capacities; the executor here only carries it out. It reports
-in two ways: `on_event` gets one line per step for people, `on_record` gets each step's outcome as
-data (kind, VM, details) for whoever keeps the fleet's state.
+The plan is a pure function over capacities; the executor here only carries it out, each step
+through the operation's one body (`operations`), which takes the VM's lock, keeps its records and
+reports to the same report as the whole.
 """
 
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
-from . import devices, suspend
+from . import devices, operations, suspend
 from .errors import VmmgrError
 from .fleet import Fleet
 from .guest import Guest, read_each
 from .host import Capacity, Host
-from .migration import migrate
 from .placement import choose_host
 
 
@@ -84,22 +83,15 @@ class EvacuationReport:
     hibernated: list[str] = field(default_factory=list)  # moved by guest hibernation
 
 
-Record = Callable[[str, str, dict], None]  # (kind, vm, details)
-
-
-def _ignore(*_) -> None:
-    return None
-
-
-def evacuate(fleet: Fleet, host: str, deadline: bool, per_target: int = 2, parallel: int = 3,
-             wait_timeout: float = 600, on_event: Callable[[str], None] = _ignore,
-             on_record: Record = _ignore) -> EvacuationReport:
+def evacuate(fleet: Fleet, host: str, deadline: bool, report, per_target: int = 2,
+             parallel: int = 3, wait_timeout: float = 600) -> EvacuationReport:
     """Empty `host`: reclaim (deadline=True) or drain (deadline=False)."""
     fleet.host(host)  # NotFound for an unknown host
     fleet.inventory.set_state(host, "draining")
+    on_event = _host_events(report, host)
     on_event(f"{host}: draining (takes no new VMs)")
     t0 = time.monotonic()
-    report = EvacuationReport(host, [], [], {}, 0.0)
+    outcome = EvacuationReport(host, [], [], {}, 0.0)
     while True:
         source = fleet.host(host)
         # A job already running here (a migration or save an earlier, dead run started) ends
@@ -109,7 +101,7 @@ def evacuate(fleet: Fleet, host: str, deadline: bool, per_target: int = 2, paral
         if not vms:
             break
         steps = plan_evacuation(vms, fleet.active_capacities(exclude=host), deadline)
-        _carry_out(fleet, steps, report, per_target, parallel, deadline, on_event, on_record)
+        _carry_out(fleet, steps, outcome, per_target, parallel, deadline, report)
         if deadline or time.monotonic() - t0 > wait_timeout:
             break
         if all(s.action == "wait" for s in steps):
@@ -119,8 +111,12 @@ def evacuate(fleet: Fleet, host: str, deadline: bool, per_target: int = 2, paral
     if not left:
         fleet.inventory.set_state(host, "reclaimed")
         on_event(f"{host}: empty, reclaimed")
-    report.seconds = round(time.monotonic() - t0, 1)
-    return report
+    outcome.seconds = round(time.monotonic() - t0, 1)
+    return outcome
+
+
+def _host_events(report, host: str) -> Callable[[str], None]:
+    return lambda message: report.event(message, host=host)
 
 
 def _size(g: Guest) -> VMSize | None:
@@ -147,82 +143,66 @@ def _guests_or_none(host: Host) -> list[Guest]:
         return []
 
 
-def _carry_out(fleet, steps, report, per_target, parallel, deadline, on_event, on_record) -> None:
+def _carry_out(fleet, steps, outcome, per_target, parallel, deadline, report) -> None:
     slots = {s.target: threading.Semaphore(per_target) for s in steps if s.target}
 
-    def park(vm: str, why: str, mode: str | None = None) -> suspend.Suspended:
-        on_event(f"{vm}: suspending, {why}")
-        on_record("suspending", vm, {"reason": why})
-        record = suspend.suspend(fleet, vm, parked=True, mode=mode)
-        on_record("suspended", vm, asdict(record))
-        how = "hibernated by its guest" if record.mode == "guest" else "suspended to disk"
-        on_event(f"{vm}: {how}, parked")
-        return record
+    def park(vm: str, why: str, mode: str | None = None) -> dict:
+        report.event(f"{vm}: suspending, {why}", vm=vm)
+        return operations.suspend(fleet, report, vm, mode=mode, parked=True, why=why)
 
     def hibernate_to(step: Step) -> None:
         """Hibernate, then boot on the target; if that fails the VM stays parked, not lost."""
         park(step.vm, f"moving to {step.target} by guest hibernation", mode="guest")
-        on_record("resuming", step.vm, {"target": step.target})
         try:
-            resumed = suspend.resume(fleet, step.vm, step.target)
+            operations.resume(fleet, report, step.vm, step.target)
         except VmmgrError as err:
-            on_record("resume_failed", step.vm, {"target": step.target, "error": str(err)})
-            report.suspended.append(step.vm)
-            on_event(f"{step.vm}: not resumed on {step.target} ({err}); stays parked")
+            outcome.suspended.append(step.vm)
+            report.event(f"{step.vm}: not resumed on {step.target} ({err}); stays parked",
+                         vm=step.vm)
             return
-        on_record("resumed", step.vm, asdict(resumed))
-        report.hibernated.append(step.vm)
-        on_event(f"{step.vm}: resumed on {step.target} from its hibernation image")
+        outcome.hibernated.append(step.vm)
 
     def run(step: Step) -> None:
         try:
             if step.action == "migrate":
                 with slots[step.target]:
-                    on_event(f"{step.vm}: migrating to {step.target}")
-                    on_record("migrating", step.vm, {"target": step.target})
-                    started = time.time()
+                    report.event(f"{step.vm}: migrating to {step.target}", vm=step.vm)
                     try:
-                        r = migrate(fleet, step.vm, step.target)
+                        operations.migrate(fleet, report, step.vm, step.target)
                     except VmmgrError as err:
-                        on_record("migration_failed", step.vm, {
-                            "source": report.host, "target": step.target, "error": str(err),
-                            "started_at": started, "ended_at": time.time()})
                         if not deadline:
                             raise
                         # The host must be emptied: a VM that could not move is parked, not lost;
                         # one whose device refused the migration hibernates (a save would fail too).
                         blocked = devices.is_blocker_refusal(str(err))
                         park(step.vm, f"migration failed ({err})", "guest" if blocked else None)
-                        report.suspended.append(step.vm)
+                        outcome.suspended.append(step.vm)
                         return
-                    report.migrated.append(step.vm)
-                    on_record("migrated", step.vm, r.as_dict() | {"ended_at": time.time()})
-                    on_event(f"{step.vm}: on {step.target} (blackout {r.downtime_ms} ms)")
+                    outcome.migrated.append(step.vm)
             elif step.action == "hibernate":
                 with slots[step.target]:
                     hibernate_to(step)
             elif step.action == "suspend":
                 park(step.vm, step.reason)
-                report.suspended.append(step.vm)
+                outcome.suspended.append(step.vm)
         except VmmgrError as err:
-            report.failed[step.vm] = str(err)
-            on_event(f"{step.vm}: {err}")
+            outcome.failed[step.vm] = str(err)
+            report.event(f"{step.vm}: {err}", vm=step.vm)
 
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         list(pool.map(run, [s for s in steps if s.action != "wait"]))
 
 
-def enable(fleet: Fleet, host: str, on_event: Callable[[str], None] = _ignore,
-           on_record: Record = _ignore) -> list:
+def enable(fleet: Fleet, host: str, report) -> list[str]:
     fleet.host(host)
     fleet.inventory.set_state(host, "active")
-    on_event(f"{host}: active")
-    return resume_parked(fleet, on_event, on_record)
+    report.event(f"{host}: active", host=host)
+    return resume_parked(fleet, report)
 
 
-def resume_parked(fleet: Fleet, on_event: Callable[[str], None] = _ignore,
-                  on_record: Record = _ignore) -> list:
-    """Resume parked VMs, oldest first, on active hosts with room; the rest stay parked."""
+def resume_parked(fleet: Fleet, report) -> list[str]:
+    """Resume parked VMs, oldest first, on active hosts with room; the rest stay parked. Each
+    resume takes the VM's lock: another node resuming the same VM at once is refused."""
     resumed = []
     for record in suspend.suspended(fleet):
         if not record.parked:
@@ -232,11 +212,8 @@ def resume_parked(fleet: Fleet, on_event: Callable[[str], None] = _ignore,
         if target is None:
             continue
         try:
-            on_record("resuming", record.vm, {"target": target})
-            resumed.append(suspend.resume(fleet, record.vm, target))
-            on_record("resumed", record.vm, asdict(resumed[-1]))
-            on_event(f"{record.vm}: resumed on {target}")
+            operations.resume(fleet, report, record.vm, target)
+            resumed.append(record.vm)
         except VmmgrError as err:  # e.g. raced with another operation: the image stays, parked
-            on_record("resume_failed", record.vm, {"target": target, "error": str(err)})
-            on_event(f"{record.vm}: not resumed: {err}")
+            report.event(f"{record.vm}: not resumed: {err}", vm=record.vm)
     return resumed

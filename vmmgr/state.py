@@ -96,6 +96,31 @@ class FleetState:
         else:
             raise ValueError(f"unknown record kind {kind!r}")
 
+    # ---- the fleet view: one row per VM, what listings and pages read ----------------------
+    # Written from libvirt by the operation that changed the VM and refreshed whole by the
+    # reconcile; one hash, so a listing of 20,000 VMs is one round trip.
+
+    def put_vm_views(self, rows: list[dict]) -> None:
+        if rows:
+            self.r.hset(P + "view:vms", mapping={r["name"]: json.dumps(r) for r in rows})
+
+    def drop_vm_view(self, name: str) -> None:
+        self.r.hdel(P + "view:vms", name)
+
+    def replace_vm_views(self, rows: list[dict]) -> None:
+        pipe = self.r.pipeline()  # MULTI: readers see the old view or the new one
+        pipe.delete(P + "view:vms")
+        if rows:
+            pipe.hset(P + "view:vms", mapping={r["name"]: json.dumps(r) for r in rows})
+        pipe.execute()
+
+    def vm_views(self) -> list[dict]:
+        return [json.loads(v) for v in self.r.hvals(P + "view:vms")]
+
+    def vm_view(self, name: str) -> dict | None:
+        row = self.r.hget(P + "view:vms", name)
+        return json.loads(row) if row else None
+
     # ---- hosts (a snapshot written by reconcile) ---------------------------------------------
 
     def set_hosts(self, hosts: dict[str, dict]) -> None:

@@ -15,12 +15,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import libvirt
-
 from . import console, devices
 from .errors import Conflict, HibernationFailed, InvalidRequest, NotFound, VmmgrError
 from .fleet import Fleet, require_active
-from .libvirt_errors import translated
 from .placement import choose_host, refusal
 from .render import address_of, set_console_path
 from .spec import validate_name
@@ -81,6 +78,13 @@ def suspend(fleet: Fleet, vm: str, parked: bool = False, mode: str | None = None
     validate_name(vm)
     if mode is not None and mode not in MODES:
         raise InvalidRequest(f"suspend mode must be one of {', '.join(MODES)}, not {mode!r}")
+    try:
+        return _suspend(fleet, vm, parked, mode)
+    finally:
+        fleet.publish(vm)  # saved, or still running where it was
+
+
+def _suspend(fleet: Fleet, vm: str, parked: bool, mode: str | None) -> Suspended:
     with fleet.lock_vm(vm, f"suspend of {vm}") as lease:
         if find_suspended(fleet, vm):
             raise Conflict(f"VM {vm!r} is already suspended")
@@ -97,19 +101,15 @@ def suspend(fleet: Fleet, vm: str, parked: bool = False, mode: str | None = None
             return _hibernate(fleet, guest, parked)
         d = save_dir(fleet, vm)
         d.mkdir(parents=True, exist_ok=True)
-        with translated(f"XML of {vm}"):
-            persistent = guest.domain.XMLDesc(
-                libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_MIGRATABLE)
-        (d / "domain.xml").write_text(persistent)
+        (d / "domain.xml").write_text(guest.xml(inactive=True, migratable=True))
         partial = d / "image.partial"
         t0 = time.monotonic()
-        with translated(f"save {vm} on {guest.host_name}"):
-            # On failure libvirt leaves the guest running: nothing to undo but the partial file.
-            try:
-                guest.domain.saveFlags(str(partial), None, libvirt.VIR_DOMAIN_SAVE_RUNNING)
-            except libvirt.libvirtError:
-                partial.unlink(missing_ok=True)
-                raise
+        try:
+            guest.save(partial)
+        except VmmgrError:
+            # libvirt leaves the guest running: nothing to undo but the partial file.
+            partial.unlink(missing_ok=True)
+            raise
         os.replace(partial, d / "image")
         record = Suspended(vm, guest.host_name, guest.memory_mib(), guest.vcpus(), time.time(),
                            int((time.monotonic() - t0) * 1000), (d / "image").stat().st_size,
@@ -127,15 +127,12 @@ def _hibernate(fleet: Fleet, guest, parked: bool) -> Suspended:
     model, count = guest.device_needs()
     d = save_dir(fleet, vm)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "domain.xml").write_text(guest.domain.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+    (d / "domain.xml").write_text(guest.xml(inactive=True))
     t0 = time.monotonic()
     refused = None
     try:
-        with translated(f"hibernate {vm} on {host}"):
-            # libvirt waits for the agent's answer (or the guest's power-off) for ever by
-            # default: a guest that neither answers nor goes down must not hang the operation.
-            guest.domain.agentSetResponseTimeout(AGENT_TIMEOUT, 0)
-            guest.domain.pMSuspendForDuration(libvirt.VIR_NODE_SUSPEND_TARGET_DISK, 0, 0)
+        # A guest that neither answers nor goes down must not hang the operation.
+        guest.hibernate(AGENT_TIMEOUT)
     except VmmgrError as err:
         refused = err  # the guest may still be going down: its power state decides
     deadline = time.monotonic() + (10 if refused else HIBERNATE_TIMEOUT)
@@ -157,6 +154,13 @@ def _hibernate(fleet: Fleet, guest, parked: bool) -> Suspended:
 
 def resume(fleet: Fleet, vm: str, host: str | None = None) -> Resumed:
     validate_name(vm)
+    try:
+        return _resume(fleet, vm, host)
+    finally:
+        fleet.publish(vm)  # running again, or still suspended
+
+
+def _resume(fleet: Fleet, vm: str, host: str | None) -> Resumed:
     with fleet.lock_vm(vm, f"resume of {vm}") as lease:
         record = find_suspended(fleet, vm)
         if record is None:
@@ -179,11 +183,9 @@ def resume(fleet: Fleet, vm: str, host: str | None = None) -> Resumed:
         segment = console.next_segment(fleet.paths.consoles, vm, host)
         if record.mode == "guest":
             return _boot_from_hibernation(fleet, record, target, segment)
-        image_xml = _image_xml(target, d / "image")
+        image_xml = target.save_image_xml(d / "image")
         t0 = time.monotonic()
-        with translated(f"restore {vm} on {host}"):
-            target.conn.restoreFlags(str(d / "image"), set_console_path(image_xml, segment),
-                                     libvirt.VIR_DOMAIN_SAVE_RUNNING)
+        target.restore(d / "image", set_console_path(image_xml, segment))
         restore_ms = int((time.monotonic() - t0) * 1000)
         definition = (d / "domain.xml").read_text()
         target.define(set_console_path(definition, segment))
@@ -213,11 +215,6 @@ def _boot_from_hibernation(fleet: Fleet, record: Suspended, target, segment: Pat
     shutil.rmtree(d)
     return Resumed(record.vm, target.name, int((time.monotonic() - t0) * 1000),
                    round(time.time() - record.suspended_at, 1))
-
-
-def _image_xml(host, image: Path) -> str:
-    with translated(f"read save image {image}"):
-        return host.conn.saveImageGetXMLDesc(str(image), libvirt.VIR_DOMAIN_SAVE_IMAGE_XML_SECURE)
 
 
 def _record(d: Path) -> Suspended:

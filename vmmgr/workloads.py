@@ -23,6 +23,19 @@ def endpoint(value: str) -> str:
     return f"{host}:{int(port)}"
 
 
+def address(value: str) -> str:
+    """One IPv4 address, checked."""
+    try:
+        return str(netaddr.IPAddress(value, version=4, flags=netaddr.INET_PTON))
+    except (ValueError, netaddr.AddrFormatError):
+        raise ValueError(f"{value!r} is not an IPv4 address") from None
+
+
+def endpoints(value: str) -> str:
+    """IP:PORT+IP:PORT+..., each checked."""
+    return "+".join(endpoint(v) for v in value.split("+"))
+
+
 WORKLOADS = {
     # name: {parameter: (type, default)}
     "counter": {"interval": (float, 0.2), "count": (int, 0)},
@@ -32,6 +45,9 @@ WORKLOADS = {
     "server": {"port": (int, 8080), "mib": (int, 200), "rate": (float, 0.0)},
     # downloads once from `from` (IP:PORT) and prints the SHA-256 of what arrived
     "fetch": {"from": (endpoint, "")},
+    # tries a TCP connection to each IP:PORT (joined by +) and prints "reach IP:PORT open|closed";
+    # with `spoof`, then pings each of them from that address too (an anti-spoofing check)
+    "reach": {"to": (endpoints, ""), "spoof": (address, "")},
     "idle": {},
 }
 

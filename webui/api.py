@@ -155,8 +155,7 @@ def vm_targets(name):
 def vm_migrations(name):
     validate_name(name)
     with backend.fleet() as fleet:
-        if fleet.find(name) is None and not fleet.is_suspended(name):
-            raise NotFound(f"unknown VM {name!r}")
+        overview.vm_row(fleet, name)  # NotFound for an unknown VM
     return jsonify(backend.state().migrations(name))
 
 

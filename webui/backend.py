@@ -1,5 +1,5 @@
-"""The console's one door to the fleet: Fleet (libvirt) for what is, the task API for what to do,
-FleetState (Redis) for records, progress and events."""
+"""The console's one door to the fleet: Fleet and the fleet view (both in the store, Redis) for
+what is, the task API for what to do, FleetState for records, progress and events."""
 
 import json
 import time
@@ -27,6 +27,7 @@ def paths() -> Paths:
 
 @contextmanager
 def fleet() -> Iterator[Fleet]:
+    broker_url()  # the fleet's store: without it, 503 (the console is misconfigured)
     with Fleet(paths()) as f:
         yield f
 

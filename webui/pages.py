@@ -25,9 +25,11 @@ bp = Blueprint("pages", __name__)
 @page_role("viewer")
 def fleet():
     with backend.fleet() as f:
-        hosts = overview.host_rows(f)
-        vms = overview.vm_rows(f, hosts)
-    return render_template("fleet.html", hosts=hosts, vms=vms)
+        views = f.state.vm_views()
+        hosts = overview.host_rows(f, views)
+        # The page lists each host's VMs by name; only the parked ones need a full row.
+        parked = overview.vm_rows(f, hosts, [v for v in views if v["host"] == "-"])
+    return render_template("fleet.html", hosts=hosts, vms=parked)
 
 
 @bp.get("/vms")

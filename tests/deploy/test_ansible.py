@@ -222,6 +222,13 @@ def test_site_yml_sets_up_a_host_and_an_edge_and_a_second_run_changes_nothing(tr
     assert "nfs.example.net:/export/vmmgr" in (host / "etc/fstab").read_text()
     assert "bind 127.0.0.1 192.0.2.11" in (host / "etc/redis/redis.conf").read_text()
     assert "10.78.0.0/24" in (edge / "etc/nftables.conf").read_text()
+    # Guests are kept off the management network: on the host, and out of the tunnels at the edge.
+    guest_fw = (host / "etc/vmmgr/guest-firewall.nft").read_text()
+    assert 'iifname "br-guest" oifname { "br-guest", "wg0" } accept' in guest_fw
+    assert guest_fw.count('iifname "br-guest" drop') == 2  # forward and input
+    edge_fw = (edge / "etc/nftables.conf").read_text()
+    assert 'iifname "wg0" oifname { "eth1", "wg0" } accept' in edge_fw
+    assert 'iifname "wg0" drop' in edge_fw
 
     # WireGuard: each side has its own root-only key and the other's public key.
     def pub(tree):
@@ -255,7 +262,7 @@ def test_site_yml_sets_up_a_host_and_an_edge_and_a_second_run_changes_nothing(tr
     for unit in ("vmmgr-worker.service", "vmmgr-beat.service", "wg-quick@wg0.service",
                  "redis-server.service", "systemd-networkd.service"):
         assert enabled(host, unit), f"{unit} not enabled; links: {' '.join(wants(host))}"
-    assert enabled(host, "libvirtd-tls.socket")
+    assert enabled(host, "libvirtd-tls.socket") and enabled(host, "vmmgr-guest-firewall.service")
     assert enabled(edge, "nftables.service") and enabled(edge, "wg-quick@wg0.service"), wants(edge)
 
     # The worker's virtualenv really holds vmmgr and its task API.

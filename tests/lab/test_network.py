@@ -118,3 +118,49 @@ def test_an_exhausted_pool_refuses_creates_and_changes_nothing(lab, fleet, paths
     finally:
         for path in filler:
             path.unlink()
+
+
+def _iptables_count(ns: str, rule: list[str]) -> int:
+    """Packets a counting rule in `ns`'s INPUT chain has seen."""
+    out = subprocess.run(["ip", "netns", "exec", ns, "iptables", "-L", "INPUT", "-v", "-n", "-x"],
+                         capture_output=True, text=True, check=True).stdout
+    source = rule[rule.index("-s") + 1]
+    return sum(int(line.split()[0]) for line in out.splitlines()[2:]
+               if source in line.split() and rule[rule.index("-p") + 1] in line.split())
+
+
+def test_guests_reach_the_outside_but_not_the_management_plane_nor_spoof(make_vm, paths):
+    """A guest can open a connection outside through the edge, but not to Redis (which queues
+    tasks), any host's libvirtd (its own host's or another's), nor send as another address."""
+    from vmmgr.lab import lab_host
+    from vmmgr.lab_services import REDIS_PORT
+
+    spoofed = "10.78.0.250"
+    listener = subprocess.Popen(["ip", "netns", "exec", CLIENT_NS, "busybox", "nc", "-ll", "-p",
+                                 "7070", "-e", "/bin/true"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    counters = []
+    try:
+        outside = f"{OUTSIDE_CLIENT_IP}:7070"
+        blocked = [f"10.77.0.1:{REDIS_PORT}", f"{lab_host(1).ip}:16514",
+                   f"{lab_host(2).ip}:16514"]
+        make_vm("nosy", host="host1", workload="reach", to="+".join([outside, *blocked]),
+                spoof=spoofed)
+        guest_ip = pool_for(paths).address_of("nosy")
+        for rule in (["-s", guest_ip, "-p", "tcp"], ["-s", spoofed, "-p", "icmp"]):
+            subprocess.run(["ip", "netns", "exec", CLIENT_NS, "iptables", "-I", "INPUT", *rule],
+                           check=True)
+            counters.append(rule)
+        wait_console(paths, "nosy", "reach done", timeout=120)
+        text = console_text(paths, "nosy")
+        assert f"reach {outside} open" in text, text
+        for target in blocked:
+            assert f"reach {target} closed" in text, text
+        assert "spoofed pings sent" in text
+        assert _iptables_count(CLIENT_NS, counters[0]) > 0  # the counters count
+        assert _iptables_count(CLIENT_NS, counters[1]) == 0  # no packet left as another address
+    finally:
+        listener.kill()
+        listener.wait(10)
+        for rule in counters:
+            subprocess.run(["ip", "netns", "exec", CLIENT_NS, "iptables", "-D", "INPUT", *rule])

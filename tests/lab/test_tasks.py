@@ -139,3 +139,79 @@ def test_sigkill_of_the_worker_mid_drain_loses_nothing(lab, make_vm, fleet, path
 
 def _task_state(task_id):
     return next((t["state"] for t in recent(50) if t["id"] == task_id), None)
+
+
+def nsenter(pid: int, *cmd: str) -> str:
+    """Run `cmd` in the mount namespace of process `pid`: what that process sees."""
+    import subprocess
+    return subprocess.run(["nsenter", "-t", str(pid), "-m", *cmd], capture_output=True,
+                          text=True, check=True).stdout
+
+
+def test_each_hosts_worker_has_a_home_of_its_own_and_shares_only_storage(lab, paths):
+    services = lab.services()
+    pids = {h: services.worker_pid(h) for h in ("host1", "host2")}
+    assert all(pids.values())
+    marker = paths.storage / ".written-by-the-control-node"
+    marker.write_text("shared\n")
+    try:
+        for host, pid in pids.items():
+            seen = set(nsenter(pid, "ls", "-A", str(paths.home)).split())
+            # What the vmmgr_worker role writes there, and the shared storage...
+            assert {"storage", "edge.json", "network.json"} <= seen, seen
+            # ...and none of the control node's own files, nor the lab's.
+            assert not {"users.json", "web-secret", "wireguard", "lab", "redis.url"} & seen, seen
+            assert nsenter(pid, "cat", str(marker)) == "shared\n"
+            # Its libvirt client certificate is its host's own, as on a real host.
+            assert nsenter(pid, "cat", f"{paths.home}/libvirt-pki/clientcert.pem") == (
+                paths.lab / "hosts" / host / "pki" / "libvirt" / "clientcert.pem").read_text()
+        # A file one host writes in its home is its own: not the other host's, not the control's.
+        nsenter(pids["host1"], "sh", "-c", f"echo mine > {paths.home}/host1-only")
+        assert "host1-only" not in nsenter(pids["host2"], "ls", "-A", str(paths.home)).split()
+        assert not (paths.home / "host1-only").exists()
+    finally:
+        marker.unlink(missing_ok=True)
+        nsenter(pids["host1"], "rm", "-f", f"{paths.home}/host1-only")
+
+
+def test_two_hosts_resuming_one_parked_vm_restore_it_on_one_host(make_vm, fleet, paths, state):
+    """Each host's worker resumes parked VMs when its host is enabled; with a lock in each
+    node's home both restored the same image (the VM then ran twice). The VM's one lock in Redis
+    lets one of them through."""
+    from tasks import client
+    from tasks.app import host_queue, use_broker
+    from tasks.runtime import LockSpec
+    from vmmgr import suspend
+
+    make_vm("parked2x", host="host1")
+    wait_ticks(paths, "parked2x", 3)
+    suspend.suspend(fleet, "parked2x", parked=True)
+    use_broker(paths.redis_url())
+    ids = [client.submit(paths, "enable_host", {"host": h}, host_queue(h),
+                         LockSpec("host", h, f"enable of {h}")) for h in ("host2", "host3")]
+    results = [client.wait(i) for i in ids]
+    resumed = [r for result in results for r in result["resumed"]]
+    wait_for(lambda: not suspend.find_suspended(fleet, "parked2x") and
+             not state.holder("vm", "parked2x"), 30, "the VM was not resumed")
+    hosts = where_defined(fleet, "parked2x")
+    assert len(hosts) == 1, f"defined on {hosts}"
+    assert len(resumed) <= 1  # the other found it busy, or already back (or reconcile won)
+    count = len(ticks(paths, "parked2x"))
+    wait_ticks(paths, "parked2x", count + 3)
+    assert_contiguous(ticks(paths, "parked2x"))
+
+
+def test_listings_read_the_fleet_view_and_it_follows_libvirt(make_vm, fleet, paths, state):
+    """`vm list` answers from the view in the store; a VM powered off behind vmmgr's back (with
+    libvirt directly) is seen as such within seconds: the worker follows its host's libvirt
+    events (and the reconcile would catch it too)."""
+    make_vm("viewed", host="host2")
+    rows = {r["name"]: r for r in json.loads(cli("vm", "list", "--json", check_code=0).stdout)}
+    assert rows["viewed"]["host"] == "host2" and rows["viewed"]["state"] == "running"
+    assert state.vm_view("viewed")["host"] == "host2"
+    fleet.host("host2").find_guest("viewed").destroy()
+
+    def shown_off():
+        rows = json.loads(cli("vm", "list", "--json", check_code=0).stdout)
+        return any(r["name"] == "viewed" and r["state"] == "shutoff" for r in rows)
+    wait_for(shown_off, 15, "the view did not follow the VM's power-off")

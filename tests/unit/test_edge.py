@@ -1,7 +1,6 @@
 """The edge's route bookkeeping over `wg`'s output (the lab tests drive a real wireguard-go), and
 the safety of the commands sent to it."""
 
-import os
 
 import pytest
 

@@ -39,35 +39,43 @@ def test_never_overcommits_across_the_plan():
     assert [s.vm for s in steps if s.action == "suspend"] == ["v6"]
 
 
-def test_under_a_deadline_a_failed_move_is_parked_not_left_behind(mocker):
-    from vmmgr import reclaim
-    from vmmgr.errors import MigrationFailed
-    from vmmgr.suspend import Suspended
+class _Report:
+    rerun = False
 
-    mocker.patch.object(reclaim, "migrate", side_effect=MigrationFailed("link down"))
-    parked = mocker.patch.object(
-        reclaim.suspend, "suspend",
-        side_effect=lambda fleet, vm, parked, mode: Suspended(vm, "h1", 128, 1, 0.0, 1, 1, parked))
+    def __init__(self):
+        self.events = []
+
+    def event(self, message, vm="", host="", kind="info"):
+        self.events.append((vm, message))
+
+    def progress(self, progress):
+        pass
+
+
+def test_under_a_deadline_a_failed_move_is_parked_not_left_behind(mocker):
+    from vmmgr import operations, reclaim
+    from vmmgr.errors import MigrationFailed
+
+    migrated = mocker.patch.object(operations, "migrate", side_effect=MigrationFailed("link down"))
+    parked = mocker.patch.object(operations, "suspend", return_value={"parked": True})
     steps = [Step("a", "migrate", "h2", ""), Step("b", "suspend", None, "no room")]
 
-    report = reclaim.EvacuationReport("h1", [], [], {}, 0.0)
-    records = []
-    reclaim._carry_out(object(), steps, report, 2, 2, True, lambda m: None,
-                       lambda kind, vm, details: records.append((kind, vm, details)))
-    assert sorted(report.suspended) == ["a", "b"] and report.failed == {}
-    assert sorted(c.args[1] for c in parked.call_args_list) == ["a", "b"]
-    # Each outcome is reported as data too: the failed attempt, then the parking.
-    kinds = {(kind, vm) for kind, vm, _ in records}
-    assert {("migrating", "a"), ("migration_failed", "a"), ("suspended", "a"),
-            ("suspended", "b")} <= kinds
-    assert all(d["parked"] for kind, _, d in records if kind == "suspended")
+    outcome = reclaim.EvacuationReport("h1", [], [], {}, 0.0)
+    report = _Report()
+    reclaim._carry_out(object(), steps, outcome, 2, 2, True, report)
+    assert sorted(outcome.suspended) == ["a", "b"] and outcome.failed == {}
+    # Each step goes through the operation's one body (which takes the lock and keeps records),
+    # in the reclaim's report; a VM that could not move is parked, not left behind.
+    assert migrated.call_args.args[1:] == (report, "a", "h2")
+    assert sorted(c.args[2] for c in parked.call_args_list) == ["a", "b"]
+    assert all(c.kwargs["parked"] for c in parked.call_args_list)
+    assert ("a", "a: suspending, migration failed (link down)") in report.events
 
     # Without a deadline (drain) nothing is suspended: the failure is reported, the VM stays.
     parked.reset_mock()
-    report = reclaim.EvacuationReport("h1", [], [], {}, 0.0)
-    reclaim._carry_out(object(), steps[:1], report, 2, 2, False, lambda m: None,
-                       lambda *record: None)
-    assert report.suspended == [] and report.failed == {"a": "link down"}
+    outcome = reclaim.EvacuationReport("h1", [], [], {}, 0.0)
+    reclaim._carry_out(object(), steps[:1], outcome, 2, 2, False, _Report())
+    assert outcome.suspended == [] and outcome.failed == {"a": "link down"}
     parked.assert_not_called()
 
 

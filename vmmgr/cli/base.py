@@ -1,6 +1,7 @@
 """The root command, the shared helpers and the error boundary of the CLI."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -34,10 +35,15 @@ def emit_json(data) -> None:
 @click.group()
 @click.option("--home", type=click.Path(file_okay=False, path_type=Path), envvar="VMMGR_HOME",
               help="State directory (default /var/lib/vmmgr, or $VMMGR_HOME).")
+@click.option("--in-process", is_flag=True,
+              help="Run operations here, not through the task API: the same bodies under the "
+                   "same locks (for a fleet whose workers are down).")
 @click.pass_context
-def cli(ctx: click.Context, home: Path | None) -> None:
+def cli(ctx: click.Context, home: Path | None, in_process: bool) -> None:
     """vmmgr: resumable compute on QEMU/KVM."""
     ctx.obj = Paths(home) if home else default_paths()
+    if in_process:
+        os.environ["VMMGR_IN_PROCESS"] = "1"
 
 
 def progress_printer(enabled: bool):

@@ -5,8 +5,8 @@ import click
 from .. import admission, demo as demo_mod
 from ..errors import VmmgrError
 from ..fleet import Fleet
-from ..migration import MigrationResult, migrate
-from ..paths import Paths, lab_paths
+from ..migration import MigrationResult
+from ..paths import lab_paths
 from .base import progress_printer, cli
 from .dispatch import run_operation
 
@@ -25,8 +25,7 @@ def demo(ctx: click.Context, hosts: int, keep_lab: bool) -> None:
             source = admission.migration(fleet, vm, target)
         r = run_operation(paths, "migrate", {"vm": vm, "target": target}, host=source,
                           lock=("vm", vm, f"migration of {vm} to {target}"), wait=True,
-                          local=lambda: _migrate_here(paths, vm, target), progress=True,
-                          events=False)
+                          progress=True, events=False)
         return MigrationResult(**r)
 
     report = demo_mod.run(paths, hosts=hosts, keep_lab=keep_lab, echo=click.echo,
@@ -34,11 +33,3 @@ def demo(ctx: click.Context, hosts: int, keep_lab: bool) -> None:
     if not report.identical:
         raise VmmgrError("the moved VM's output differs from the reference run")
 
-
-def _migrate_here(paths: Paths, vm: str, target: str) -> dict:
-    show = progress_printer(enabled=True)
-    with Fleet(paths) as fleet:
-        try:
-            return migrate(fleet, vm, target, on_progress=show).as_dict()
-        finally:
-            show(None)

@@ -1,14 +1,18 @@
 """How a mutating command runs: through the task API when a broker is configured (the lab
-writes one; production sets $VMMGR_REDIS_URL), in this process otherwise.
+writes one; production sets $VMMGR_REDIS_URL), or, with `--in-process`, right here: the same
+operation body (`vmmgr.operations`) under the same lock a task would hold.
 
 The CLI is the one part of `vmmgr` that talks to Celery, and only here, imported late: the core
 library stays free of it.
 """
 
-from collections.abc import Callable
+import os
+from contextlib import nullcontext
 
 import click
 
+from ..fleet import Fleet
+from ..locks import Lease
 from ..paths import Paths
 from .base import log_line, progress_printer
 
@@ -18,23 +22,27 @@ def wait_option(f):
                         help="Follow the task to its end (with progress), or only submit it.")(f)
 
 
-def run_request(paths: Paths, req, *, wait: bool, local: Callable[[], dict],
-                progress: bool = False, events: bool = True) -> dict | None:
+def in_process() -> bool:
+    return os.environ.get("VMMGR_IN_PROCESS") == "1"
+
+
+def run_request(paths: Paths, req, *, wait: bool, progress: bool = False,
+                events: bool = True) -> dict | None:
     """`run_operation` for a checked `vmmgr.requests.Request`."""
     return run_operation(paths, req.op, req.kwargs, host=req.host, lock=req.lock, wait=wait,
-                         local=local, progress=progress, events=events)
+                         progress=progress, events=events)
 
 
 def run_operation(paths: Paths, op: str, kwargs: dict, *, host: str | None,
-                  lock: tuple[str, str, str] | None, wait: bool, local: Callable[[], dict],
-                  progress: bool = False, events: bool = True) -> dict | None:
+                  lock: tuple[str, str, str] | None, wait: bool, progress: bool = False,
+                  events: bool = True) -> dict | None:
     """The operation's result, or None when it was only submitted (--no-wait).
 
     `host` names the host whose worker should run it (None: any worker, on the control queue).
     """
     url = paths.redis_url()
-    if url is None:
-        return local()
+    if url is None or in_process():
+        return _here(paths, op, kwargs, lock, progress, events)
     from tasks import client
     from tasks.app import CONTROL_QUEUE, host_queue, use_broker
     from tasks.runtime import LockSpec
@@ -49,3 +57,22 @@ def run_operation(paths: Paths, op: str, kwargs: dict, *, host: str | None,
     show = progress_printer(enabled=progress)
     return client.wait(task_id, on_progress=show,
                        on_event=log_line if events else (lambda m: None))
+
+
+def _here(paths: Paths, op: str, kwargs: dict, lock, progress: bool, events: bool) -> dict:
+    """The operation's one body in this process, holding the lock a task would hold."""
+    from .. import operations, reconcile
+
+    show = progress_printer(enabled=progress)
+    with Fleet(paths) as fleet:
+        report = operations.LocalReport(fleet, log_line if events else (lambda m: None), show)
+        if op == "reconcile":
+            lock = ("fleet", "reconcile", "reconcile")
+        held = Lease(fleet.state, lock[0], lock[1], fleet.owner, lock[2]) if lock else nullcontext()
+        try:
+            with held:
+                if op == "reconcile":
+                    return reconcile.reconcile(fleet, report)
+                return operations.OPERATIONS[op](fleet, report, **kwargs)
+        finally:
+            show(None)

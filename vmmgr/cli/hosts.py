@@ -4,13 +4,13 @@ from dataclasses import asdict
 
 import click
 
-from .. import devices, display, overview, reclaim, requests, suspend as suspension
+from .. import devices, display, overview, requests, suspend as suspension
 from ..errors import Conflict, VmmgrError
 from ..fleet import Fleet
 from ..inventory import HostRecord
 from ..paths import Paths
 from ..spec import validate_name
-from .base import emit_json, log_line, cli
+from .base import emit_json, cli
 from .dispatch import run_operation, run_request, wait_option
 
 @cli.group()
@@ -67,19 +67,8 @@ def host_add(paths: Paths, name: str, uri: str, accel: str, memory: int, vcpus: 
         if name in {r.name for r in fleet.inventory.records()}:
             raise Conflict(f"host {name!r} already exists")
 
-    def local() -> dict:
-        with Fleet(paths) as fleet:
-            fleet.inventory.add(record)
-            try:
-                fleet.host(name).capacity()
-            except VmmgrError:
-                fleet.inventory.remove({name})
-                raise
-            resumed = reclaim.resume_parked(fleet, on_event=log_line)
-        return asdict(record) | {"resumed": [r.vm for r in resumed]}
-
     r = run_operation(paths, "add_host", {"record": asdict(record)}, host=None,
-                      lock=("host", name, f"add of {name}"), wait=wait, local=local)
+                      lock=("host", name, f"add of {name}"), wait=wait)
     if r:
         click.echo(f"{name} added; {len(r['resumed'])} parked VMs resumed")
 
@@ -108,13 +97,7 @@ def host_drain(paths: Paths, name: str, timeout: float, as_json: bool, wait: boo
 def _evacuate(paths: Paths, name: str, deadline: bool, as_json: bool, wait: bool, **kw) -> None:
     with Fleet(paths) as fleet:
         req = requests.evacuate(fleet, name, deadline, kw.get("wait_timeout", 600.0))
-
-        def local() -> dict:
-            return asdict(reclaim.evacuate(fleet, name, deadline,
-                                           on_event=(lambda m: None) if as_json else log_line,
-                                           **kw))
-
-        report = run_request(paths, req, wait=wait, local=local, events=not as_json)
+    report = run_request(paths, req, wait=wait, events=not as_json)
     if report is None:
         return
     if as_json:
@@ -136,12 +119,7 @@ def host_enable(paths: Paths, name: str, wait: bool) -> None:
     """Put a host back in service; parked VMs resume on it (or anywhere with room)."""
     with Fleet(paths) as fleet:
         req = requests.enable(fleet, name)
-
-        def local() -> dict:
-            resumed = reclaim.enable(fleet, name, on_event=log_line)
-            return {"host": name, "resumed": [asdict(r) for r in resumed]}
-
-        r = run_request(paths, req, wait=wait, local=local)
+    r = run_request(paths, req, wait=wait)
     if r:
         click.echo(f"{name} active; {len(r['resumed'])} parked VMs resumed")
 
@@ -152,12 +130,7 @@ def host_enable(paths: Paths, name: str, wait: bool) -> None:
 def reconcile(paths: Paths, wait: bool) -> None:
     """Resume parked (suspended) VMs, oldest first, wherever there is room; with the task API,
     also repair fleet records that drifted from libvirt."""
-    def local() -> dict:
-        with Fleet(paths) as fleet:
-            resumed = reclaim.resume_parked(fleet, on_event=log_line)
-        return {"resumed": [r.vm for r in resumed], "repaired": []}
-
-    r = run_operation(paths, "reconcile", {}, host=None, lock=None, wait=wait, local=local)
+    r = run_operation(paths, "reconcile", {}, host=None, lock=None, wait=wait)
     if r is None:
         return
     if "skipped" in r:

@@ -6,10 +6,9 @@ import click
 
 from .. import display, requests
 from ..fleet import Fleet
-from ..migration import cancel as cancel_migration, migrate as run_migration
 from ..paths import Paths
 from ..policy import DEFAULT_POLICY, POLICIES, get_policy
-from .base import emit_json, progress_printer, cli
+from .base import emit_json, cli
 from .dispatch import run_request, wait_option
 
 class _StartByDefault(click.Group):
@@ -37,20 +36,10 @@ def migrate() -> None:
 def migrate_start(paths: Paths, name: str, target: str, policy_name: str | None,
                   bandwidth: int | None, as_json: bool, wait: bool) -> None:
     """Live-migrate a VM to another host, with a progress bar."""
-    policy = get_policy(policy_name, bandwidth)  # InvalidRequest for an unknown policy
+    get_policy(policy_name, bandwidth)  # InvalidRequest for an unknown policy
     with Fleet(paths) as fleet:
         req = requests.migrate(fleet, name, target, policy_name, bandwidth)
-
-        def local() -> dict:
-            show = progress_printer(enabled=not as_json)
-            try:
-                return run_migration(fleet, name, target, policy=policy,
-                                     on_progress=show).as_dict()
-            finally:
-                show(None)
-
-        r = run_request(paths, req, wait=wait, local=local, progress=not as_json,
-                        events=not as_json)
+    r = run_request(paths, req, wait=wait, progress=not as_json, events=not as_json)
     if r is None:
         return
     if as_json:
@@ -72,8 +61,8 @@ def migrate_start(paths: Paths, name: str, target: str, policy_name: str | None,
 def migrate_cancel(paths: Paths, name: str, wait: bool) -> None:
     """Abort a VM's running migration; it keeps running where it was."""
     with Fleet(paths) as fleet:
-        r = run_request(paths, requests.cancel(fleet, name), wait=wait,
-                        local=lambda: {"vm": name, "host": cancel_migration(fleet, name)})
+        req = requests.cancel(fleet, name)
+    r = run_request(paths, req, wait=wait)
     if r:
         click.echo(f"cancelled the migration of {name}; it keeps running on {r['host']}")
 

@@ -2,18 +2,16 @@
 
 import sys
 import time
-from dataclasses import asdict
 
 import click
 
 from .. import admission, console, display, overview, requests, suspend as suspension, workloads
 from ..addresses import pool_for
 from ..edge import Edge
-from ..errors import InvalidRequest, VmmgrError
-from ..fleet import Fleet, VMInfo
+from ..errors import InvalidRequest
+from ..fleet import Fleet
 from ..images import ensure_builtin
 from ..paths import Paths
-from ..placement import choose_host
 from ..spec import make_spec
 from ..state import FleetState
 from .base import emit_json, log_line, cli
@@ -63,18 +61,7 @@ def vm_create(paths: Paths, name, host_name, workload, params, kernel, initrd, c
                          workload=workload, gpu_model=gpu_model, gpu_count=gpu_count)
     with Fleet(paths) as fleet:
         admission.creation(fleet, spec, host_name)
-
-        def local() -> dict:
-            target = host_name
-            if not target:
-                target, refused = choose_host(fleet.active_capacities(), spec.memory_mib,
-                                              spec.vcpus, spec.gpu_model, spec.gpu_count)
-                if target is None:
-                    why = "; ".join(f"{h}: {r}" for h, r in refused.items()) or "no hosts"
-                    raise VmmgrError(f"no host has room for {name}: {why}")
-            return {"vm": name, "host": fleet.create(spec, target).host_name}
-
-        result = run_request(paths, requests.create_spec(spec, host_name), wait=wait, local=local)
+    result = run_request(paths, requests.create_spec(spec, host_name), wait=wait)
     if result:
         click.echo(f"{result['vm']} running on {result['host']}")
 
@@ -93,18 +80,19 @@ def _parse_params(params: tuple[str, ...]) -> dict[str, str]:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def vm_list(paths: Paths, as_json: bool) -> None:
-    """Every VM on every host."""
+    """Every VM on every host, and the suspended ones (from the fleet's view: no host is asked)."""
     with Fleet(paths) as fleet:
-        infos = fleet.vms()
-        infos += [VMInfo(r.vm, "-", "parked" if r.parked else "suspended", r.memory_mib,
-                         r.vcpus, "")
-                  for r in suspension.suspended(fleet)]
+        rows = sorted(fleet.state.vm_views(), key=lambda r: r["name"])
     if as_json:
-        return emit_json([asdict(i) for i in infos])
+        return emit_json([{k: r.get(k) for k in LIST_KEYS} for r in rows])
     click.echo(display.table(
         ["vm", "host", "state", "memory", "vcpus", "workload"],
-        [[i.name, i.host, i.state, f"{i.memory_mib} MiB", i.vcpus, i.workload or "-"]
-         for i in infos]))
+        [[r["name"], r["host"], r["state"], f"{r['memory_mib']} MiB", r["vcpus"],
+          r["workload"] or "-"] for r in rows]))
+
+
+LIST_KEYS = ("name", "host", "state", "memory_mib", "vcpus", "workload", "device_model",
+             "device_count", "live", "not_live_because", "address")
 
 
 @vm.command("show")
@@ -114,22 +102,17 @@ def vm_list(paths: Paths, as_json: bool) -> None:
 def vm_show(paths: Paths, name: str, as_json: bool) -> None:
     """One VM: where it runs, its size, its console's hosts, its record and migration attempts."""
     with Fleet(paths) as fleet:
-        parked = suspension.find_suspended(fleet, name)
-        if parked is not None:
-            info = {"name": name, "host": "-", "state": "parked" if parked.parked else "suspended",
-                    "memory_mib": parked.memory_mib, "vcpus": parked.vcpus,
-                    "suspended_from": parked.from_host}
-        else:
-            g = fleet.locate(name)
-            info = {"name": g.name, "uuid": g.uuid, "host": g.host_name, "state": g.state(),
-                    "memory_mib": g.memory_mib(), "vcpus": g.vcpus(), "workload": g.workload()}
-        info["console_hosts"] = console.hosts_seen(paths.consoles, name)
-        info |= _network_path(paths, name)
-        row = next((r for r in overview.vm_rows(fleet) if r["name"] == name), None)
-        if row and row["device_count"]:
-            info["devices"] = f"{row['device_count']} x {row['device_model']}"
-        if row:
-            info["moves_by"] = f"{row['moves_by']['mode']}: {row['moves_by']['reason']}"
+        row = overview.vm_row(fleet, name)  # NotFound for an unknown VM
+    info = {k: row[k] for k in ("name", "host", "state", "memory_mib", "vcpus")}
+    if row["host"] == "-":
+        info["suspended_from"] = row["suspended_from"]
+    else:
+        info["workload"] = row["workload"] or ""
+    info["console_hosts"] = console.hosts_seen(paths.consoles, name)
+    info |= _network_path(paths, name)
+    if row["device_count"]:
+        info["devices"] = f"{row['device_count']} x {row['device_model']}"
+    info["moves_by"] = f"{row['moves_by']['mode']}: {row['moves_by']['reason']}"
     migrations = []
     if paths.redis_url():
         fleet_state = FleetState(paths.redis_url())
@@ -195,9 +178,8 @@ def vm_console(paths: Paths, name: str, follow: bool) -> None:
 def vm_suspend(paths: Paths, name: str, mode: str | None, as_json: bool, wait: bool) -> None:
     """Suspend a running VM to shared storage and free its host; `resume` continues it anywhere."""
     with Fleet(paths) as fleet:
-        record = run_request(paths, requests.suspend(fleet, name, mode), wait=wait,
-                             events=not as_json,
-                             local=lambda: asdict(suspension.suspend(fleet, name, mode=mode)))
+        req = requests.suspend(fleet, name, mode)
+    record = run_request(paths, req, wait=wait, events=not as_json)
     if record is None:
         return
     if as_json:
@@ -216,9 +198,8 @@ def vm_suspend(paths: Paths, name: str, mode: str | None, as_json: bool, wait: b
 def vm_resume(paths: Paths, name: str, host_name: str | None, as_json: bool, wait: bool) -> None:
     """Restore a suspended VM, exactly where it stopped."""
     with Fleet(paths) as fleet:
-        result = run_request(paths, requests.resume(fleet, name, host_name), wait=wait,
-                             events=not as_json,
-                             local=lambda: asdict(suspension.resume(fleet, name, host_name)))
+        req = requests.resume(fleet, name, host_name)
+    result = run_request(paths, req, wait=wait, events=not as_json)
     if result is None:
         return
     if as_json:
@@ -234,7 +215,7 @@ def vm_resume(paths: Paths, name: str, host_name: str | None, as_json: bool, wai
 def vm_destroy(paths: Paths, name: str, wait: bool) -> None:
     """Power a VM off and remove it (and its console log); a suspended VM loses its image."""
     with Fleet(paths) as fleet:
-        result = run_request(paths, requests.destroy(fleet, name), wait=wait,
-                             local=lambda: {"vm": name, "host": fleet.destroy(name)})
+        req = requests.destroy(fleet, name)
+    result = run_request(paths, req, wait=wait)
     if result:
         click.echo(f"{name} destroyed on {result['host']}")

@@ -68,6 +68,26 @@ fetch() {  # downloads from HOST:PORT once and prints the SHA-256 of what arrive
   echo "fetched ${sum%% *}"
 }
 
+reach() {  # "reach IP:PORT open" if a TCP connection to it is made within 3 s, else "closed"
+  for target in $(param to '' | tr '+' ' '); do
+    if nc -w 3 "${target%:*}" "${target##*:}" -e true 2>/dev/null; then
+      echo "reach $target open"
+    else
+      echo "reach $target closed"
+    fi
+  done
+  spoof=$(param spoof '')
+  if [ -n "$spoof" ]; then  # another address than its own: the host must not let it out
+    ip addr add "$spoof/32" dev eth0
+    for target in $(param to '' | tr '+' ' '); do
+      ping -c 3 -W 1 -I "$spoof" "${target%:*}" >/dev/null 2>&1
+    done
+    ip addr del "$spoof/32" dev eth0
+    echo "spoofed pings sent"
+  fi
+  echo "reach done"
+}
+
 counter() {  # prints "tick N" every INTERVAL seconds; stops after COUNT ticks when COUNT > 0
   interval=$(param interval 0.2)
   count=$(param count 0)
@@ -86,6 +106,7 @@ case "$(param workload idle)" in
   dirtier) dirtier "$(param rate 8)" "$(param mib 32)" ;;
   server) serve ;;
   fetch) fetch ;;
+  reach) reach ;;
   idle) ;;
   *) echo "unknown workload $(param workload idle)" ;;
 esac

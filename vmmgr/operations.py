@@ -1,0 +1,223 @@
+"""Each operation's one body: what a task runs, what the CLI runs in its own process, and what
+reclaim and reconcile run for each VM.
+
+A body takes the fleet (whose owner holds the locks), its arguments exactly as the task API
+carries them, and a report: where it tells, in one line per step, what it did (`event`), where a
+migration's progress goes (`progress`), and whether an earlier run of the same request may have
+done part of the work (`rerun`: a redelivered task). Every operation may run twice, so each looks
+at libvirt before it acts: what an earlier run finished is reported, not redone; a job an earlier
+run left running in libvirt is waited for. The fleet's records (Redis) are kept here, so they
+say the same whichever surface asked.
+"""
+
+import time
+from dataclasses import asdict
+from typing import Protocol
+
+from . import migration, reclaim, suspend as suspension
+from .errors import Conflict, HostUnreachable, NotFound, VmmgrError
+from .fleet import Fleet
+from .inventory import HostRecord
+from .placement import choose_host
+from .policy import get_policy
+from .spec import make_spec
+
+JOB_WAIT = 600  # seconds a re-run waits for a job its predecessor left running in libvirt
+
+
+class Report(Protocol):
+    rerun: bool
+
+    def event(self, message: str, vm: str = "", host: str = "", kind: str = "info") -> None: ...
+
+    def progress(self, progress) -> None: ...
+
+
+class LocalReport:
+    """A report for a body run in this process: events go to the fleet's log and to `on_event`."""
+
+    rerun = False
+
+    def __init__(self, fleet: Fleet, on_event=lambda m: None, on_progress=lambda p: None):
+        self.fleet, self.on_event, self.on_progress = fleet, on_event, on_progress
+
+    def event(self, message: str, vm: str = "", host: str = "", kind: str = "info") -> None:
+        self.fleet.state.event(message, kind=kind, vm=vm, host=host, task=self.fleet.owner)
+        self.on_event(message)
+
+    def progress(self, progress) -> None:
+        self.on_progress(progress)
+
+
+def create(fleet: Fleet, report: Report, spec: dict, host: str | None = None) -> dict:
+    paths = fleet.paths
+    spec_obj = make_spec(spec["name"], memory_mib=spec["memory_mib"], vcpus=spec["vcpus"],
+                         kernel=spec["kernel"], initrd=spec.get("initrd"),
+                         cmdline=spec["cmdline"], image_root=paths.images,
+                         workload=spec.get("workload", ""), gpu_model=spec.get("gpu_model", ""),
+                         gpu_count=spec.get("gpu_count", 0))
+    vm = spec_obj.name
+    with fleet.lock_vm(vm, f"create of {vm}"):
+        existing = fleet.find(vm)
+        if existing is not None and report.rerun:
+            return {"vm": vm, "host": existing.host_name}  # the earlier run created it
+        if host is None:
+            host, refused = choose_host(fleet.active_capacities(), spec_obj.memory_mib,
+                                        spec_obj.vcpus, spec_obj.gpu_model, spec_obj.gpu_count)
+            if host is None:
+                why = "; ".join(f"{h}: {r}" for h, r in refused.items()) or "no hosts"
+                raise Conflict(f"no host has room for {vm}: {why}")
+        guest = fleet.create(spec_obj, host)
+        fleet.state.set_vm(vm, state="running", host=guest.host_name, target="",
+                           spec=asdict(spec_obj), created=time.time())
+        report.event(f"{vm}: created on {guest.host_name}", vm=vm, host=guest.host_name)
+        return {"vm": vm, "host": guest.host_name}
+
+
+def migrate(fleet: Fleet, report: Report, vm: str, target: str, policy: str | None = None,
+            bandwidth: int | None = None) -> dict:
+    chosen = get_policy(policy, bandwidth)
+    with fleet.lock_vm(vm, f"migration of {vm} to {target}"):
+        return _migrate(fleet, report, vm, target, chosen)
+
+
+def _migrate(fleet: Fleet, report: Report, vm: str, target: str, chosen) -> dict:
+    guest = _settled(fleet, vm, report)
+    if guest.host_name == target and report.rerun:
+        return {"vm": vm, "source": None, "target": target, "already_done": True}
+    source = guest.host_name
+    fleet.state.record("migrating", vm, {"target": target})
+    started = time.time()
+    try:
+        result = migration.migrate(fleet, vm, target, policy=chosen, on_progress=report.progress)
+    except VmmgrError as err:
+        fleet.state.record("migration_failed", vm, {
+            "source": source, "target": target, "error": str(err), "policy": chosen.name,
+            "started_at": started, "ended_at": time.time()})
+        report.event(f"{vm}: migration to {target} failed: {err}", vm=vm, kind="error")
+        raise
+    fleet.state.record("migrated", vm, result.as_dict() | {"ended_at": time.time()})
+    report.event(f"{vm}: {source} -> {target}, blackout {result.downtime_ms} ms", vm=vm)
+    return result.as_dict()
+
+
+def cancel(fleet: Fleet, report: Report, vm: str) -> dict:
+    # No lock: cancelling is exactly what one does while the migration holds it.
+    source = migration.cancel(fleet, vm)
+    report.event(f"{vm}: migration cancelled; stays on {source}", vm=vm)
+    return {"vm": vm, "host": source}
+
+
+def suspend(fleet: Fleet, report: Report, vm: str, mode: str | None = None,
+            parked: bool = False, why: str = "") -> dict:
+    with fleet.lock_vm(vm, f"suspend of {vm}"):
+        return _suspend(fleet, report, vm, mode, parked, why)
+
+
+def _suspend(fleet: Fleet, report: Report, vm: str, mode: str | None, parked: bool,
+             why: str) -> dict:
+    done = suspension.find_suspended(fleet, vm)
+    if done is not None and report.rerun:
+        return asdict(done)
+    _settled(fleet, vm, report)
+    fleet.state.record("suspending", vm, {"reason": why} if why else {})
+    try:
+        record = suspension.suspend(fleet, vm, parked=parked, mode=mode)
+    except VmmgrError:
+        record_truth(fleet, vm)
+        raise
+    fleet.state.record("suspended", vm, asdict(record))
+    how = "hibernated by its guest" if record.mode == "guest" else "suspended"
+    report.event(f"{vm}: {how} on {record.from_host} ({record.save_ms} ms)"
+                 + (", parked" if parked else ""), vm=vm)
+    return asdict(record)
+
+
+def resume(fleet: Fleet, report: Report, vm: str, host: str | None = None) -> dict:
+    with fleet.lock_vm(vm, f"resume of {vm}"):
+        return _resume(fleet, report, vm, host)
+
+
+def _resume(fleet: Fleet, report: Report, vm: str, host: str | None) -> dict:
+    if report.rerun and not fleet.is_suspended(vm) and fleet.find(vm) is not None:
+        return {"vm": vm, "host": fleet.locate(vm).host_name, "already_done": True}
+    fleet.state.record("resuming", vm, {"target": host or ""})
+    try:
+        result = suspension.resume(fleet, vm, host)
+    except VmmgrError:
+        record_truth(fleet, vm)
+        raise
+    fleet.state.record("resumed", vm, asdict(result))
+    report.event(f"{vm}: resumed on {result.host} ({result.restore_ms} ms)", vm=vm,
+                 host=result.host)
+    return asdict(result)
+
+
+def destroy(fleet: Fleet, report: Report, vm: str) -> dict:
+    with fleet.lock_vm(vm, f"destroy of {vm}"):
+        try:
+            where = fleet.destroy(vm)
+        except NotFound:
+            if not report.rerun:
+                raise
+            where = "nowhere (an earlier run destroyed it)"
+        fleet.state.forget_vm(vm)
+        report.event(f"{vm}: destroyed on {where}", vm=vm)
+        return {"vm": vm, "host": where}
+
+
+def drain_host(fleet: Fleet, report: Report, host: str, timeout: float = 600) -> dict:
+    return asdict(reclaim.evacuate(fleet, host, False, report, wait_timeout=timeout))
+
+
+def reclaim_host(fleet: Fleet, report: Report, host: str) -> dict:
+    return asdict(reclaim.evacuate(fleet, host, True, report))
+
+
+def enable_host(fleet: Fleet, report: Report, host: str) -> dict:
+    resumed = reclaim.enable(fleet, host, report)
+    return {"host": host, "resumed": resumed}
+
+
+def add_host(fleet: Fleet, report: Report, record: dict) -> dict:
+    new = HostRecord.from_dict(record)
+    if report.rerun and new.name in {r.name for r in fleet.inventory.records()}:
+        return record
+    fleet.inventory.add(new)
+    try:
+        cap = fleet.host(new.name).capacity()  # it must answer before it takes VMs
+    except HostUnreachable:
+        fleet.inventory.remove({new.name})
+        raise
+    report.event(f"{new.name}: added ({cap.memory_mib} MiB, {cap.vcpus} vCPUs)", host=new.name)
+    resumed = reclaim.resume_parked(fleet, report)
+    return record | {"resumed": resumed}
+
+
+# The task API's operations by name: a task runs `OPERATIONS[name](fleet, run, **kwargs)`, and so
+# does the CLI in its own process.
+OPERATIONS = {f.__name__: f for f in (create, migrate, cancel, suspend, resume, destroy,
+                                      drain_host, reclaim_host, enable_host, add_host)}
+
+
+# ---- helpers ----------------------------------------------------------------------------
+
+def _settled(fleet: Fleet, vm: str, report: Report):
+    """The VM's guest once no job runs on it (an earlier run's migration or save may)."""
+    deadline = time.monotonic() + JOB_WAIT
+    while True:
+        guest = fleet.locate(vm)
+        if not guest.has_job() or time.monotonic() > deadline:
+            return guest
+        report.event(f"{vm}: waiting for the job already running on {guest.host_name}", vm=vm)
+        time.sleep(1)
+
+
+def record_truth(fleet: Fleet, vm: str) -> None:
+    """After a failure: record what libvirt and the storage say of the VM."""
+    if fleet.is_suspended(vm):
+        fleet.state.set_vm(vm, state="suspended", host="", target="")
+        return
+    guest = fleet.find(vm)
+    if guest is not None:
+        fleet.state.set_vm(vm, state=guest.state(), host=guest.host_name, target="")

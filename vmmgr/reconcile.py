@@ -1,0 +1,84 @@
+"""Reconcile: keep the fleet's records in step with libvirt, and bring parked VMs back.
+
+Run periodically (Celery beat) under a lease of its own. It resumes parked VMs where there is
+room (oldest first, each under its VM's lock), repairs any record that drifted from what libvirt
+says (and says so in the event log), points the edge at the host that holds each running VM, and
+refreshes the host snapshot. Nothing a moving VM depends on is touched while it moves.
+"""
+
+from dataclasses import asdict
+
+from . import reclaim
+from .addresses import pool_for
+from .edge import Edge
+from .errors import VmmgrError
+from .fleet import Fleet
+from .guest import read_each
+
+
+def reconcile(fleet: Fleet, report) -> dict:
+    resumed = reclaim.resume_parked(fleet, report)
+    rows = fleet.refresh_view()  # what libvirt and the storage say now (one pass over hosts)
+    repaired = repair_records(fleet, report, rows)
+    rerouted = repair_edge(fleet, report, rows)
+    snapshot_hosts(fleet)
+    return {"resumed": resumed, "repaired": repaired, "rerouted": rerouted}
+
+
+def repair_records(fleet: Fleet, report, rows: list[dict]) -> list[str]:
+    """Make each VM's record say what its view row says (a host that does not answer keeps
+    its rows as they were, so its VMs' records are not taken for gone)."""
+    state = fleet.state
+    truth = {r["name"]: ("", "suspended") if r["host"] == "-" else (r["host"], r["state"])
+             for r in rows}
+    records = state.vms()
+    repaired = []
+    for vm, (host, now) in truth.items():
+        if state.holder("vm", vm):
+            continue  # an operation is changing it right now
+        rec = records.get(vm, {})
+        if (rec.get("host"), rec.get("state")) != (host, now):
+            was = f"{rec.get('state')} on {rec.get('host') or '-'}" if rec else "unrecorded"
+            state.set_vm(vm, host=host, state=now, target="")
+            report.event(f"{vm}: record repaired: was {was}, libvirt says {now} on {host or '-'}",
+                         vm=vm, kind="repair")
+            repaired.append(vm)
+    for vm in set(records) - set(truth):
+        if not state.holder("vm", vm):
+            state.forget_vm(vm)
+            report.event(f"{vm}: record removed: libvirt knows no such VM", vm=vm, kind="repair")
+            repaired.append(vm)
+    return sorted(repaired)
+
+
+def repair_edge(fleet: Fleet, report, rows: list[dict]) -> list[str]:
+    """Make the edge route every running VM's address to the host libvirt says holds it."""
+    edge, pool = Edge.load(fleet.paths, fleet.state), pool_for(fleet.paths)
+    if edge is None or pool is None:
+        return []
+    # A move under way routes its own VM at its switch-over; repairing around it could undo
+    # that. So: only when nothing moves (a VM lock, a host being emptied, a libvirt job).
+    try:
+        if any(fleet.state.holder("vm", vm) for vm in pool.in_use().values()) or any(
+                h.record.state == "draining" or any(read_each(h.guests(), lambda g: g.has_job()))
+                for h in fleet.hosts()):
+            return []
+    except VmmgrError:
+        return []  # a host does not answer: its VMs' routes stay as they are
+    where = {r["name"]: r["host"] for r in rows if r["state"] == "running"}
+    placement = {ip: where[vm] for ip, vm in pool.in_use().items() if vm in where}
+    changed = edge.sync(placement)
+    for host in changed:
+        report.event(f"edge routes to {host} repaired", host=host, kind="repair")
+    return changed
+
+
+def snapshot_hosts(fleet: Fleet) -> None:
+    hosts = {}
+    for h in fleet.hosts():
+        try:
+            cap = h.capacity()
+            hosts[h.name] = {"state": h.record.state, "reachable": True, **asdict(cap)}
+        except VmmgrError as err:
+            hosts[h.name] = {"state": h.record.state, "reachable": False, "error": str(err)}
+    fleet.state.set_hosts(hosts)

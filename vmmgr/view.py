@@ -1,0 +1,104 @@
+"""The fleet view: one row per VM in the fleet's store, what listings, pages and the API read.
+
+Asking every host's libvirtd per request does not scale (1,000 hosts are 1,000 connections
+per page view), so reads come from rows that are written from libvirt instead: by each operation
+on the VM it changed (create, migrate, suspend, resume, destroy), and whole by every reconcile,
+which also catches what changed behind vmmgr's back. Host rows are computed from the inventory,
+the reconcile's host snapshot (reachability, what a host reports) and the VM rows on it.
+"""
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from .host import Capacity
+from .render import address_of
+
+
+def guest_row(info) -> dict:
+    """A running (or defined) VM's row, from `Fleet._info`."""
+    return asdict(info) | {"held": list(info.held)}
+
+
+def suspended_row(save_dir: Path) -> dict | None:
+    """A suspended VM's row, from its record on storage (None if it has none)."""
+    try:
+        record = json.loads((save_dir / "record.json").read_text())
+    except (OSError, ValueError):
+        return None
+    try:
+        address = address_of((save_dir / "domain.xml").read_text()) or ""
+    except OSError:
+        address = ""
+    return {"name": record["vm"], "host": "-",
+            "state": "parked" if record.get("parked") else "suspended",
+            "memory_mib": record["memory_mib"], "vcpus": record["vcpus"], "workload": "",
+            "device_model": record.get("device_model", ""),
+            "device_count": record.get("device_count", 0), "live": True, "not_live_because": "",
+            "address": address, "uuid": "", "held": [],
+            "suspended_from": record["from_host"], "suspended_at": record["suspended_at"]}
+
+
+def host_rows(records, snapshot: dict[str, dict], rows: list[dict]) -> list[dict]:
+    """Each host (inventory record) with its room, from the VM rows on it: pure."""
+    on_host: dict[str, list[dict]] = {}
+    for row in rows:
+        on_host.setdefault(row["host"], []).append(row)
+    out = []
+    for r in records:
+        base = {"name": r.name, "uri": r.uri, "accel": r.accel, "state": r.state,
+                "devices": [asdict(d) for d in r.devices]}
+        snap = snapshot.get(r.name, {})
+        memory = r.memory_mib or snap.get("memory_mib", 0)
+        vcpus = r.vcpus or snap.get("vcpus", 0)
+        if not snap.get("reachable", True) or not (memory and vcpus):
+            out.append(base | {"reachable": False,
+                               "error": snap.get("error", "not seen by a reconcile yet")})
+            continue
+        mine = sorted(on_host.get(r.name, ()), key=lambda v: v["name"])
+        held = {a for v in mine for a in v.get("held", ())}
+        cap = Capacity(memory, vcpus, sum(v["memory_mib"] for v in mine),
+                       sum(v["vcpus"] for v in mine), tuple(v["name"] for v in mine),
+                       tuple(d.model for d in r.devices if d.address not in held))
+        out.append(base | {"reachable": True, **asdict(cap), "vms": list(cap.vms),
+                           "free_devices": list(cap.free_devices),
+                           "free_memory_mib": cap.free_memory_mib, "free_vcpus": cap.free_vcpus})
+    return out
+
+
+def follow_host(paths, host: str, stop, log=lambda m: None) -> None:
+    """Keep the view's rows of the VMs on `host` in step with its libvirt lifecycle events (a
+    guest that powers itself off, crashes, or is changed behind vmmgr's back), until `stop` is
+    set: one per host, in its worker. Reconnects when the host's libvirtd restarts."""
+    import queue
+    import threading
+
+    from .fleet import Fleet
+
+    changed: queue.Queue = queue.Queue()
+
+    def publish() -> None:
+        with Fleet(paths, f"view-{host}") as fleet:
+            while not stop.is_set():
+                try:
+                    names = {changed.get(timeout=1)}
+                except queue.Empty:
+                    continue
+                time.sleep(0.2)  # a burst of events (a migration's) settles into one look
+                while not changed.empty():
+                    names.add(changed.get_nowait())
+                for name in names:
+                    fleet.publish(name)
+
+    threading.Thread(target=publish, name=f"view-{host}", daemon=True).start()
+    while not stop.is_set():
+        try:
+            with Fleet(paths, f"view-{host}") as fleet:
+                h = fleet.host(host)
+                h.watch_lifecycle(None, lambda name, event, detail: changed.put(name))
+                while h.alive() and not stop.wait(5):
+                    pass
+        except Exception as err:  # never let the listener die: the reconcile covers meanwhile
+            log(f"view events of {host}: {err}")
+        stop.wait(5)
