@@ -25,7 +25,9 @@ from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.conftest import private_redis  # noqa: E402  (the suite's throwaway Redis server)
+from vmmgr import view  # noqa: E402
 from vmmgr.cli import cli  # noqa: E402
+from vmmgr.fleet import VMInfo  # noqa: E402
 from vmmgr.inventory import HostRecord, Inventory  # noqa: E402
 from vmmgr.paths import Paths  # noqa: E402
 from vmmgr.state import FleetState  # noqa: E402
@@ -46,17 +48,16 @@ def fill(state: FleetState, rng: random.Random) -> None:
                                  "kvm", memory, vcpus))
         snapshot[name] = {"state": "active", "reachable": True, "memory_mib": memory,
                           "vcpus": vcpus}
-    for i in range(VMS):
-        parked = i < PARKED
-        row = {"name": f"vm{i:05d}", "host": "-" if parked else f"h{rng.randrange(HOSTS):04d}",
-               "state": "parked" if parked else "running",
-               "memory_mib": rng.choice([1, 2, 4, 8]) * 1024, "vcpus": rng.choice([1, 2, 4]),
-               "workload": "", "device_model": "", "device_count": 0, "live": True,
-               "not_live_because": "", "address": f"10.{i // 65536 + 100}.{i // 256 % 256}.{i % 256}",
-               "uuid": f"{i:032x}", "held": []}
-        if parked:
-            row |= {"suspended_from": "h0000", "suspended_at": time.time()}
-        rows.append(row)
+    for i in range(VMS):  # rows as the view writes them (view.guest_row, suspended_row)
+        name, address = f"vm{i:05d}", f"10.{i // 65536 + 100}.{i // 256 % 256}.{i % 256}"
+        memory, vcpus = rng.choice([1, 2, 4, 8]) * 1024, rng.choice([1, 2, 4])
+        if i < PARKED:
+            rows.append({"name": name, "host": "-", "state": "parked", "memory_mib": memory,
+                         "vcpus": vcpus, "workload": "", "address": address,
+                         "suspended_from": "h0000", "suspended_at": time.time()})
+        else:
+            rows.append(view.guest_row(VMInfo(name, f"h{rng.randrange(HOSTS):04d}", "running",
+                                              memory, vcpus, "counter", address=address)))
     state.set_hosts(snapshot)
     state.replace_vm_views(rows)
 

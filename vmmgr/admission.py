@@ -1,26 +1,63 @@
 """Admission: the checks a request passes before it is queued, so that a bad one is refused at
-once with a clear error and nothing changes. The operation checks again when it runs (the fleet
-may have changed meanwhile); these answer the caller without waiting for a worker.
+once with a clear error and nothing changes. They read the fleet view in the store (no host is
+asked: an API call costs the same on 3 hosts or 1,000); the operation checks again against
+libvirt when it runs, the fleet having perhaps changed meanwhile.
 """
 
 from .errors import Conflict, InvalidRequest, NotFound
-from .fleet import Fleet, require_active, require_other_host
-from .migration import require_live_migratable
+from .fleet import Fleet
+from .host import Capacity
+from .overview import capacities, host_rows
 from .placement import choose_host, refusal
 from .spec import VMSpec, validate_name
 
 
+class _Seen:
+    """One read of the view: the VMs' rows and the hosts' room."""
+
+    def __init__(self, fleet: Fleet):
+        rows = fleet.state.vm_views()
+        self.vms = {r["name"]: r for r in rows}
+        self.hosts = capacities(host_rows(fleet, rows))  # name -> (state, Capacity or None)
+
+    def vm(self, name: str) -> dict:
+        validate_name(name)
+        if name not in self.vms:
+            raise NotFound(f"unknown VM {name!r}")
+        return self.vms[name]
+
+    def running(self, name: str) -> dict:
+        row = self.vm(name)
+        if row["host"] == "-":
+            raise Conflict(f"VM {name!r} is {row['state']}: resume it first")
+        return row
+
+    def room(self, fleet: Fleet, host: str) -> Capacity:
+        """The room on an active host; NotFound, Conflict or unreachable as the host is."""
+        fleet.inventory.get(host)  # NotFound for an unknown host
+        state, cap = self.hosts[host]
+        if state != "active":
+            raise Conflict(f"host {host} is {state}: it takes no new VMs")
+        if cap is None:
+            raise Conflict(f"host {host} is unreachable")
+        return cap
+
+
 def migration(fleet: Fleet, vm: str, target: str) -> str:
     """Returns the VM's host."""
-    dest = fleet.host(target)
-    guest = fleet.locate(vm)
-    require_other_host(guest, target)
-    require_live_migratable(guest)
-    require_active(dest)
-    reason = refusal(dest.capacity(), guest.memory_mib(), guest.vcpus())
+    seen = _Seen(fleet)
+    fleet.inventory.get(target)  # NotFound for an unknown host
+    row = seen.running(vm)
+    if row["host"] == target:
+        raise InvalidRequest(f"VM {vm!r} already runs on {target}")
+    if not row.get("live", True):
+        raise Conflict(f"VM {vm!r} cannot be live-migrated: it {row.get('not_live_because')}. It "
+                       "moves by guest hibernation: `vmmgr vm suspend --mode guest`, then "
+                       "`vmmgr vm resume`")
+    reason = refusal(seen.room(fleet, target), row["memory_mib"], row["vcpus"])
     if reason:
         raise Conflict(f"host {target} has no room for {vm}: {reason}")
-    return guest.host_name
+    return row["host"]
 
 
 def creation(fleet: Fleet, spec: VMSpec, host: str | None) -> None:
@@ -30,12 +67,11 @@ def creation(fleet: Fleet, spec: VMSpec, host: str | None) -> None:
 def room_for(fleet: Fleet, name: str, memory_mib: int, vcpus: int, host: str | None,
              gpu_model: str = "", gpu_count: int = 0) -> None:
     """A new VM of this size fits on `host` (or anywhere when None), and its name is free."""
-    if fleet.find(name) is not None or fleet.is_suspended(name):
+    seen = _Seen(fleet)
+    if name in seen.vms:
         raise Conflict(f"VM {name!r} already exists")
     if host:
-        target = fleet.host(host)
-        require_active(target)
-        cap = target.capacity()
+        cap = seen.room(fleet, host)
         if memory_mib > cap.memory_mib:
             raise InvalidRequest(f"{memory_mib} MiB is more than host {host} offers "
                                  f"({cap.memory_mib} MiB)")
@@ -43,7 +79,7 @@ def room_for(fleet: Fleet, name: str, memory_mib: int, vcpus: int, host: str | N
         if reason:
             raise Conflict(f"host {host} has no room for {name}: {reason}")
         return
-    caps = fleet.active_capacities()
+    caps = {h: cap for h, (state, cap) in seen.hosts.items() if state == "active" and cap}
     largest = max((c.memory_mib for c in caps.values()), default=0)
     if caps and memory_mib > largest:
         raise InvalidRequest(f"{memory_mib} MiB is more than any host offers "
@@ -56,28 +92,24 @@ def room_for(fleet: Fleet, name: str, memory_mib: int, vcpus: int, host: str | N
 
 def running_vm(fleet: Fleet, vm: str) -> str:
     """Returns the VM's host."""
-    validate_name(vm)
-    if fleet.is_suspended(vm):
+    row = _Seen(fleet).vm(vm)
+    if row["host"] == "-":
         raise Conflict(f"VM {vm!r} is already suspended")
-    return fleet.locate(vm).host_name
+    return row["host"]
 
 
 def suspended_vm(fleet: Fleet, vm: str, host: str | None) -> None:
-    validate_name(vm)
+    seen = _Seen(fleet)
+    row = seen.vm(vm)
     if host:
-        require_active(fleet.host(host))
-    if not fleet.is_suspended(vm):
-        guest = fleet.find(vm)
-        if guest is None:
-            raise NotFound(f"unknown VM {vm!r}")
-        raise Conflict(f"VM {vm!r} is not suspended: it runs on {guest.host_name}")
+        seen.room(fleet, host)
+    if row["host"] != "-":
+        raise Conflict(f"VM {vm!r} is not suspended: it runs on {row['host']}")
 
 
 def known_vm(fleet: Fleet, vm: str) -> None:
-    validate_name(vm)
-    if fleet.find(vm) is None and not fleet.is_suspended(vm):
-        raise NotFound(f"unknown VM {vm!r}")
+    _Seen(fleet).vm(vm)
 
 
 def known_host(fleet: Fleet, host: str) -> None:
-    fleet.host(host)
+    fleet.inventory.get(host)

@@ -41,7 +41,6 @@ class VMInfo:
     live: bool = True  # False: a device blocks live migration (see devices.live_migratable)
     not_live_because: str = ""
     address: str = ""  # its stable address ("" without one)
-    uuid: str = ""
     held: tuple[str, ...] = ()  # the addresses of the host's devices it holds
 
 
@@ -158,7 +157,7 @@ class Fleet:
         live, why = devices.live_migratable(xml)
         return VMInfo(g.name, host_name, g.state(), g.memory_mib(), g.vcpus(), workload_of(xml),
                       *devices.wanted(xml), live, "" if live else why, address_of(xml) or "",
-                      g.uuid, tuple(devices.held(xml)))
+                      tuple(devices.held(xml)))
 
     # ---- the fleet view (see view.py) -----------------------------------------------------
 

@@ -2,6 +2,8 @@
 for the operator's confidence. Reclaim itself takes the same decisions step by step.
 """
 
+from typing import NamedTuple
+
 
 def how_it_moves(choices: list[dict], live: bool = True, not_live_because: str = "") -> dict:
     """From `placement.target_choices` (with the VM's device needs) and whether a device blocks
@@ -31,24 +33,46 @@ class MovesIndex:
 
     def __init__(self, hosts: dict):
         self.hosts = hosts  # name -> (state, capacity or None), as target_choices takes
-        self._by_size: dict[tuple, tuple[list[str], list[dict]]] = {}
+        self._by_size: dict[tuple, _Choices] = {}
+        self._answers: dict[tuple, dict] = {}
 
     def moves(self, own_host: str, memory_mib: int, vcpus: int, device_model: str = "",
               device_count: int = 0, live: bool = True, not_live_because: str = "") -> dict:
-        from .placement import target_choices
-
         key = (memory_mib, vcpus, device_model, device_count)
+        c = self._by_size.get(key) or self._choices(key)
+        # The answer depends on the VM's own host only if that host is named in it or counted.
+        answer = (key, own_host if own_host in c.named else None, own_host in c.fit_names,
+                  own_host in c.refused_names, live, not_live_because)
+        found = self._answers.get(answer)
+        if found is None:
+            found = self._answers[answer] = _summary(
+                (_first_except(c.fit, own_host, lambda h: h),
+                 len(c.fit) - (own_host in c.fit_names)),
+                (_first_except(c.refused, own_host, lambda r: r["host"]),
+                 len(c.refused) - (own_host in c.refused_names)),
+                live, not_live_because)
+        return found
+
+    def _choices(self, key: tuple) -> "_Choices":
         if key not in self._by_size:
+            from .placement import target_choices
+
             choices = target_choices(None, *key[:2], self.hosts, *key[2:])
             fit = [c["host"] for c in choices if c["ok"]]
             refused = [c for c in choices if not c["ok"]]
-            self._by_size[key] = (fit, set(fit), refused, {c["host"] for c in refused})
-        fit, fit_names, refused, refused_names = self._by_size[key]
-        return _summary(
-            (_first_except(fit, own_host, lambda h: h), len(fit) - (own_host in fit_names)),
-            (_first_except(refused, own_host, lambda c: c["host"]),
-             len(refused) - (own_host in refused_names)),
-            live, not_live_because)
+            self._by_size[key] = _Choices(
+                fit, set(fit), refused, {c["host"] for c in refused},
+                set(fit[:NAMED + 1]) | {c["host"] for c in refused[:NAMED + 1]})
+        return self._by_size[key]
+
+
+class _Choices(NamedTuple):
+    """Every host as a target for one VM size: those that fit, in order, and those that don't."""
+    fit: list[str]
+    fit_names: set[str]
+    refused: list[dict]
+    refused_names: set[str]
+    named: set[str]  # the hosts a summary may name (the first of each list)
 
 
 def _first_except(items: list, own: str, name) -> list:

@@ -189,6 +189,7 @@ def add_host(fleet: Fleet, report: Report, record: dict) -> dict:
     except HostUnreachable:
         fleet.inventory.remove({new.name})
         raise
+    fleet.state.set_host(new.name, {"state": new.state, "reachable": True, **asdict(cap)})
     report.event(f"{new.name}: added ({cap.memory_mib} MiB, {cap.vcpus} vCPUs)", host=new.name)
     resumed = reclaim.resume_parked(fleet, report)
     return record | {"resumed": resumed}

@@ -12,6 +12,7 @@ import json
 import time
 from functools import cached_property
 
+import orjson
 import redis
 
 from .errors import Conflict
@@ -37,6 +38,11 @@ class FleetState:
     @cached_property
     def r(self) -> redis.Redis:
         return redis.Redis.from_url(self.url, decode_responses=True, socket_timeout=10)
+
+    @cached_property
+    def raw(self) -> redis.Redis:
+        """Replies as bytes: for what goes straight to a JSON parser."""
+        return redis.Redis.from_url(self.url, socket_timeout=10)
 
     # ---- event log ----------------------------------------------------------------------
 
@@ -115,7 +121,13 @@ class FleetState:
         pipe.execute()
 
     def vm_views(self) -> list[dict]:
-        return [json.loads(v) for v in self.r.hvals(P + "view:vms")]
+        # One parse of all the rows (orjson, from the bytes as they came), not one per row.
+        return orjson.loads(b"[" + b",".join(self.raw.hvals(P + "view:vms")) + b"]")
+
+    def vm_views_json(self) -> str:
+        """The rows as one JSON array, by name, one a line: a listing that needs no parsing."""
+        rows = self.r.hgetall(P + "view:vms")
+        return "[" + ",\n".join(rows[name] for name in sorted(rows)) + "]"
 
     def vm_view(self, name: str) -> dict | None:
         row = self.r.hget(P + "view:vms", name)
@@ -129,6 +141,10 @@ class FleetState:
         if hosts:
             pipe.hset(P + "hosts", mapping={n: json.dumps(h) for n, h in hosts.items()})
         pipe.execute()
+
+    def set_host(self, name: str, snapshot: dict) -> None:
+        """One host's entry of the snapshot (a host just added, before any reconcile)."""
+        self.r.hset(P + "hosts", name, json.dumps(snapshot))
 
     def hosts(self) -> dict[str, dict]:
         return {n: json.loads(h) for n, h in sorted(self.r.hgetall(P + "hosts").items())}

@@ -10,15 +10,25 @@ the reconcile's host snapshot (reachability, what a host reports) and the VM row
 import json
 import time
 from dataclasses import asdict
+from operator import itemgetter
 from pathlib import Path
 
-from .host import Capacity
 from .render import address_of
+
+
+# Left out of a row where they hold these (most VMs): a listing parses 20,000 rows, and a reader
+# takes a missing one as its default.
+DEFAULTS = {"device_model": "", "device_count": 0, "live": True, "not_live_because": "",
+            "held": []}
 
 
 def guest_row(info) -> dict:
     """A running (or defined) VM's row, from `Fleet._info`."""
-    return asdict(info) | {"held": list(info.held)}
+    return _slim(asdict(info) | {"held": list(info.held)})
+
+
+def _slim(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k not in DEFAULTS or DEFAULTS[k] != v}
 
 
 def suspended_row(save_dir: Path) -> dict | None:
@@ -31,19 +41,18 @@ def suspended_row(save_dir: Path) -> dict | None:
         address = address_of((save_dir / "domain.xml").read_text()) or ""
     except OSError:
         address = ""
-    return {"name": record["vm"], "host": "-",
-            "state": "parked" if record.get("parked") else "suspended",
-            "memory_mib": record["memory_mib"], "vcpus": record["vcpus"], "workload": "",
-            "device_model": record.get("device_model", ""),
-            "device_count": record.get("device_count", 0), "live": True, "not_live_because": "",
-            "address": address, "uuid": "", "held": [],
-            "suspended_from": record["from_host"], "suspended_at": record["suspended_at"]}
+    return _slim({"name": record["vm"], "host": "-",
+                  "state": "parked" if record.get("parked") else "suspended",
+                  "memory_mib": record["memory_mib"], "vcpus": record["vcpus"], "workload": "",
+                  "device_model": record.get("device_model", ""),
+                  "device_count": record.get("device_count", 0), "address": address,
+                  "suspended_from": record["from_host"], "suspended_at": record["suspended_at"]})
 
 
 def host_rows(records, snapshot: dict[str, dict], rows: list[dict]) -> list[dict]:
     """Each host (inventory record) with its room, from the VM rows on it: pure."""
     on_host: dict[str, list[dict]] = {}
-    for row in rows:
+    for row in sorted(rows, key=itemgetter("name")):
         on_host.setdefault(row["host"], []).append(row)
     out = []
     for r in records:
@@ -56,14 +65,15 @@ def host_rows(records, snapshot: dict[str, dict], rows: list[dict]) -> list[dict
             out.append(base | {"reachable": False,
                                "error": snap.get("error", "not seen by a reconcile yet")})
             continue
-        mine = sorted(on_host.get(r.name, ()), key=lambda v: v["name"])
-        held = {a for v in mine for a in v.get("held", ())}
-        cap = Capacity(memory, vcpus, sum(v["memory_mib"] for v in mine),
-                       sum(v["vcpus"] for v in mine), tuple(v["name"] for v in mine),
-                       tuple(d.model for d in r.devices if d.address not in held))
-        out.append(base | {"reachable": True, **asdict(cap), "vms": list(cap.vms),
-                           "free_devices": list(cap.free_devices),
-                           "free_memory_mib": cap.free_memory_mib, "free_vcpus": cap.free_vcpus})
+        mine = on_host.get(r.name, ())
+        held = {a for v in mine for a in v.get("held", ())} if r.devices else set()
+        used_memory, used_vcpus = sum(v["memory_mib"] for v in mine), sum(v["vcpus"] for v in mine)
+        out.append(base | {"reachable": True, "memory_mib": memory, "vcpus": vcpus,
+                           "used_memory_mib": used_memory, "used_vcpus": used_vcpus,
+                           "vms": [v["name"] for v in mine],
+                           "free_devices": [d.model for d in r.devices if d.address not in held],
+                           "free_memory_mib": memory - used_memory,
+                           "free_vcpus": vcpus - used_vcpus})
     return out
 
 

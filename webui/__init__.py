@@ -13,10 +13,12 @@ from vmmgr.paths import Paths, default_paths
 
 from . import api, auth, pages
 from .errors import register_error_handlers
+from .fastjson import OrjsonProvider
 
 
 def create_app(paths: Paths | None = None, **config) -> Flask:
     app = Flask(__name__)
+    app.json = OrjsonProvider(app)
     paths = paths or default_paths()
     app.config.update(
         VMMGR_PATHS=paths,

@@ -10,6 +10,8 @@ import json
 from flask import (Blueprint, Response, flash, g, redirect, render_template, request,
                    stream_with_context, url_for)
 
+from markupsafe import Markup, escape
+
 from vmmgr import overview, requests
 from vmmgr.errors import InvalidRequest, NotFound, VmmgrError
 from vmmgr.policy import DEFAULT_POLICY, POLICIES
@@ -29,7 +31,21 @@ def fleet():
         hosts = overview.host_rows(f, views)
         # The page lists each host's VMs by name; only the parked ones need a full row.
         parked = overview.vm_rows(f, hosts, [v for v in views if v["host"] == "-"])
-    return render_template("fleet.html", hosts=hosts, vms=parked)
+    return render_template("fleet.html", hosts=hosts, vms=parked, vm_links=_vm_links(hosts))
+
+
+def _vm_links(hosts: list[dict]) -> dict[str, Markup]:
+    """Each host's VMs as list items linking to their pages: built here, each name escaped once,
+    because a thousand hosts hold twenty thousand of them (the template took 4x as long)."""
+    prefix = url_for("pages.vms") + "/"
+    links = {}
+    for h in hosts:
+        items = []
+        for name in h.get("vms", ()):
+            safe = escape(name)
+            items.append(f'<li><a href="{prefix}{safe}">{safe}</a></li>')
+        links[h["name"]] = Markup("".join(items))
+    return links
 
 
 @bp.get("/vms")

@@ -235,6 +235,10 @@ def test_migration_streams_are_encrypted_unless_plain_tcp_is_asked_for(small_lab
     assert all(r.uri.startswith("qemu+tls://") and r.tls for r in records)
     tls = _captured_migration(small_lab, paths, "secret1", marker)
     assert len(tls) > 20 * 2**20, "the capture did not see the migration stream"
+    print(f"\nTLS proof: plain TCP {len(plain) / 2**20:.1f} MiB seen between host1 and host2, "
+          f"the guest's string {plain.count(secret)} times, QEVM {plain.count(b'QEVM')} times; "
+          f"TLS {len(tls) / 2**20:.1f} MiB, the string {tls.count(secret)} times, "
+          f"QEVM {tls.count(b'QEVM')} times")
     assert secret not in tls  # no guest memory
     assert b"QEVM" in plain and b"QEVM" not in tls  # not even the stream's header
 

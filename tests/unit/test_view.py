@@ -14,7 +14,7 @@ from vmmgr.placement import target_choices
 def vm(name, host, mib=128, vcpus=1, held=(), state="running"):
     return {"name": name, "host": host, "state": state, "memory_mib": mib, "vcpus": vcpus,
             "workload": "counter", "device_model": "", "device_count": 0, "live": True,
-            "not_live_because": "", "address": "", "uuid": "", "held": list(held)}
+            "not_live_because": "", "address": "", "held": list(held)}
 
 
 def test_host_rows_count_the_vms_on_each_host_and_the_devices_they_hold():
