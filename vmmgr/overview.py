@@ -29,9 +29,9 @@ def capacities(rows: list[dict]) -> dict[str, tuple[str, Capacity | None]]:
 def vm_rows(fleet: Fleet, rows: list[dict] | None = None,
             vms: list[dict] | None = None) -> list[dict]:
     """Running VMs and suspended ones, each with its address and how it would move."""
-    # Sorted once: the host rows' own sort of them is then a single pass.
     out = sorted(fleet.state.vm_views() if vms is None else vms, key=itemgetter("name"))
-    moves = MovesIndex(capacities(rows if rows is not None else host_rows(fleet, out))).moves
+    moves = MovesIndex(capacities(rows) if rows is not None else view.capacities(
+        fleet.inventory.records(), fleet.state.hosts(), out)).moves
     for v in out:  # the view's rows, read just now: completed in place (20,000 of them)
         v["address"] = v.get("address") or "-"
         if v["host"] != "-":

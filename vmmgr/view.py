@@ -13,6 +13,7 @@ from dataclasses import asdict
 from operator import itemgetter
 from pathlib import Path
 
+from .host import Capacity
 from .render import address_of
 
 
@@ -47,6 +48,34 @@ def suspended_row(save_dir: Path) -> dict | None:
                   "device_model": record.get("device_model", ""),
                   "device_count": record.get("device_count", 0), "address": address,
                   "suspended_from": record["from_host"], "suspended_at": record["suspended_at"]})
+
+
+def capacities(records, snapshot: dict[str, dict], rows: list[dict]
+               ) -> dict[str, tuple[str, Capacity | None]]:
+    """Each host's state and room (None: unreachable or never seen), from the VM rows on it,
+    in the shape `placement.target_choices` takes: what a listing of VMs needs of the hosts,
+    without building their rows."""
+    used: dict[str, list] = {}
+    for row in rows:
+        u = used.get(row["host"])
+        if u is None:
+            u = used[row["host"]] = [0, 0, []]
+        u[0] += row["memory_mib"]
+        u[1] += row["vcpus"]
+        if "held" in row:
+            u[2] += row["held"]
+    out = {}
+    for r in records:
+        snap = snapshot.get(r.name, {})
+        memory = r.memory_mib or snap.get("memory_mib", 0)
+        vcpus = r.vcpus or snap.get("vcpus", 0)
+        if not snap.get("reachable", True) or not (memory and vcpus):
+            out[r.name] = (r.state, None)
+            continue
+        mem, cpu, held = used.get(r.name, (0, 0, ()))
+        out[r.name] = (r.state, Capacity(memory, vcpus, mem, cpu, (), tuple(
+            d.model for d in r.devices if d.address not in held)))
+    return out
 
 
 def host_rows(records, snapshot: dict[str, dict], rows: list[dict]) -> list[dict]:

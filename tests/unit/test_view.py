@@ -62,3 +62,23 @@ def test_on_a_large_fleet_the_first_hosts_are_named_and_the_rest_counted():
     assert moves["reason"] == f"fits on {', '.join(fits[:5])} and {len(fits) - 5} more"
     nowhere = index.moves("h3", 4096, 1)
     assert nowhere["mode"] == "suspend to disk" and nowhere["reason"].endswith("and 994 more hosts)")
+
+
+def test_capacities_straight_from_the_rows_match_the_host_rows():
+    from vmmgr.overview import capacities
+    records = [HostRecord("h1", "u1", memory_mib=1024, vcpus=8,
+                          devices=(Device("0000:65:00.0", "gpu"), Device("0000:66:00.0", "gpu"))),
+               HostRecord("h2", "u2", state="draining"), HostRecord("h3", "u3")]
+    snapshot = {"h2": {"reachable": True, "memory_mib": 2048, "vcpus": 4}}
+    rows = [vm("a", "h1", 256, 2, held=["0000:65:00.0"]), vm("b", "h1"), vm("c", "h2", 512),
+            vm("d", "-", 128, state="parked")]
+    direct = view.capacities(records, snapshot, rows)
+    via_rows = capacities(view.host_rows(records, snapshot, rows))
+    for name in ("h1", "h2", "h3"):
+        state, cap = direct[name]
+        state2, cap2 = via_rows[name]
+        assert state == state2 and (cap is None) == (cap2 is None)
+        if cap:
+            assert (cap.memory_mib, cap.vcpus, cap.used_memory_mib, cap.used_vcpus,
+                    cap.free_devices) == (cap2.memory_mib, cap2.vcpus, cap2.used_memory_mib,
+                                          cap2.used_vcpus, tuple(cap2.free_devices))
