@@ -63,16 +63,20 @@ def fill(state: FleetState, rng: random.Random) -> None:
 
 
 def timed(fn, runs: int = RUNS) -> dict:
+    """Wall time, and this process's CPU time (steadier on a shared machine; it leaves out
+    Redis's own work, which the wall time includes)."""
     fn()  # warm: imports, template compilation, connection
-    samples = []
+    samples, cpu = [], []
     for _ in range(runs):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
         samples.append((time.perf_counter() - t0) * 1000)
+        cpu.append((time.process_time() - c0) * 1000)
     samples.sort()
     return {"p50_ms": round(statistics.median(samples), 1),
             "p95_ms": round(samples[int(0.95 * (len(samples) - 1))], 1),
-            "max_ms": round(samples[-1], 1), "runs": runs}
+            "max_ms": round(samples[-1], 1), "cpu_p50_ms": round(statistics.median(cpu), 1),
+            "runs": runs}
 
 
 def main() -> None:
@@ -118,11 +122,12 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "reads.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [f"# Reads over {HOSTS:,} hosts and {VMS:,} VMs ({PARKED} parked), from the store",
-             "", "| read | p50 | p95 | max | runs | under 200 ms (p50) |", "|---|---|---|---|---|---|"]
+             "", "| read | p50 | p95 | max | CPU p50 (this process) | runs | under 200 ms (p50) |",
+             "|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         ok = "-" if "reference" in name else ("yes" if r["p50_ms"] < TARGET_MS else "NO")
         lines.append(f"| {name} | {r['p50_ms']} ms | {r['p95_ms']} ms | {r['max_ms']} ms | "
-                     f"{r['runs']} | {ok} |")
+                     f"{r['cpu_p50_ms']} ms | {r['runs']} | {ok} |")
     (RESULTS / "reads.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

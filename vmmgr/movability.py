@@ -9,17 +9,8 @@ def how_it_moves(choices: list[dict], live: bool = True, not_live_because: str =
     """From `placement.target_choices` (with the VM's device needs) and whether a device blocks
     live migration: the path a reclaim would take, with the reason."""
     fitting = [c["host"] for c in choices if c["ok"]]
-    others = [c for c in choices if c["reason"] != "the VM runs here"]
-    why_not = "; ".join(f"{c['host']}: {c['reason']}" for c in others) or "no other host"
-    if not live:
-        where = (f"then boots from its image on {', '.join(fitting)}" if fitting else
-                 f"and stays parked until a host can take it ({why_not})")
-        return {"mode": "guest hibernation",
-                "reason": f"it {not_live_because}: never live-migrated; its guest hibernates to "
-                          f"shared storage {where}"}
-    if fitting:
-        return {"mode": "live migration", "reason": f"fits on {', '.join(fitting)}"}
-    return {"mode": "suspend to disk", "reason": f"no other host has room ({why_not})"}
+    refused = [c for c in choices if not c["ok"] and c["reason"] != "the VM runs here"]
+    return _summary((fitting, len(fitting)), (refused, len(refused)), live, not_live_because)
 
 
 NAMED = 5  # hosts named in a summary; the rest are counted

@@ -33,25 +33,19 @@ def vm_rows(fleet: Fleet, rows: list[dict] | None = None,
     moves = MovesIndex(capacities(rows) if rows is not None else view.capacities(
         fleet.inventory.records(), fleet.state.hosts(), out)).moves
     for v in out:  # the view's rows, read just now: completed in place (20,000 of them)
-        v["address"] = v.get("address") or "-"
-        if v["host"] != "-":
-            v["moves_by"] = moves(v["host"], v["memory_mib"], v["vcpus"],
-                                  v.get("device_model", ""), v.get("device_count", 0),
-                                  v.get("live", True), v.get("not_live_because", ""))
-        else:
-            _resume_row(v)
+        _row(v, moves)
     return out
 
 
-def _row(v: dict, index: MovesIndex) -> dict:
-    """One view row with how the VM would move."""
+def _row(v: dict, moves) -> dict:
+    """One view row with its address and how the VM would move (`MovesIndex.moves`)."""
     v["address"] = v.get("address") or "-"
-    if v["host"] != "-":
-        v["moves_by"] = index.moves(v["host"], v["memory_mib"], v["vcpus"],
-                                    v.get("device_model", ""), v.get("device_count", 0),
-                                    v.get("live", True), v.get("not_live_because", ""))
-        return v
-    return _resume_row(v)
+    if v["host"] == "-":
+        return _resume_row(v)
+    v["moves_by"] = moves(v["host"], v["memory_mib"], v["vcpus"], v.get("device_model", ""),
+                          v.get("device_count", 0), v.get("live", True),
+                          v.get("not_live_because", ""))
+    return v
 
 
 def _resume_row(v: dict) -> dict:
@@ -69,7 +63,7 @@ def vm_row(fleet: Fleet, vm: str) -> dict:
     v = fleet.state.vm_view(vm)
     if v is None:
         raise NotFound(f"unknown VM {vm!r}")
-    return _row(v, MovesIndex(capacities(host_rows(fleet))))
+    return _row(v, MovesIndex(capacities(host_rows(fleet))).moves)
 
 
 def targets(fleet: Fleet, vm: str) -> list[dict]:
