@@ -118,17 +118,20 @@ def follow_host(paths, host: str, stop, log=lambda m: None) -> None:
     changed: queue.Queue = queue.Queue()
 
     def publish() -> None:
-        with Fleet(paths, f"view-{host}") as fleet:
-            while not stop.is_set():
-                try:
-                    names = {changed.get(timeout=1)}
-                except queue.Empty:
-                    continue
-                time.sleep(0.2)  # a burst of events (a migration's) settles into one look
-                while not changed.empty():
-                    names.add(changed.get_nowait())
-                for name in names:
-                    fleet.publish(name)
+        while not stop.is_set():
+            try:
+                names = {changed.get(timeout=1)}
+            except queue.Empty:
+                continue
+            time.sleep(0.2)  # a burst of events (a migration's) settles into one look
+            while not changed.empty():
+                names.add(changed.get_nowait())
+            try:  # fresh connections each time: a host's libvirtd may have restarted meanwhile
+                with Fleet(paths, f"view-{host}") as fleet:
+                    for name in names:
+                        fleet.publish(name)
+            except Exception as err:  # the reconcile covers what this missed
+                log(f"view rows of {', '.join(sorted(names))}: {err}")
 
     threading.Thread(target=publish, name=f"view-{host}", daemon=True).start()
     while not stop.is_set():
