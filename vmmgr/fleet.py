@@ -139,12 +139,16 @@ class Fleet:
             raise NotFound(f"unknown VM {vm!r}")
         return guest
 
-    def vms(self) -> list[VMInfo]:
+    def vms(self, unreachable: set[str] | None = None) -> list[VMInfo]:
+        """Every VM defined on a host that answers (the names of those that do not are added
+        to `unreachable`)."""
         infos = []
         for host in self.hosts():
             try:
                 guests = host.guests()
             except HostUnreachable:
+                if unreachable is not None:
+                    unreachable.add(host.name)
                 continue
             infos += [i for i in read_each(guests, lambda g: self._info(host.name, g)) if i]
         return sorted(infos, key=lambda i: i.name)
@@ -180,15 +184,8 @@ class Fleet:
     def refresh_view(self) -> list[dict]:
         """Rewrite the whole fleet view from libvirt and the storage; returns its rows.
         A host that does not answer keeps its VMs' rows as they were."""
-        rows, unreachable = [], set()
-        for host in self.hosts():
-            try:
-                guests = host.guests()
-            except HostUnreachable:
-                unreachable.add(host.name)
-                continue
-            rows += [view.guest_row(i) for i in read_each(guests, lambda g, h=host.name:
-                                                          self._info(h, g)) if i]
+        unreachable: set[str] = set()
+        rows = [view.guest_row(i) for i in self.vms(unreachable)]
         if self.paths.saves.is_dir():
             rows += [r for r in (view.suspended_row(d) for d in self.paths.saves.iterdir()) if r]
         rows += [r for r in self.state.vm_views() if r["host"] in unreachable]
