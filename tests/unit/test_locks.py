@@ -6,7 +6,6 @@ import time
 
 import pytest
 
-from vmmgr import locks
 from vmmgr.errors import Conflict
 from vmmgr.inventory import HostRecord, Inventory
 from vmmgr.locks import Lease, LockLost
@@ -56,7 +55,7 @@ def test_a_task_takes_over_the_lock_taken_in_its_name_and_gives_it_back(store):
     assert store.holder("vm", "vm1") is None
 
 
-def test_a_lease_is_renewed_while_it_is_held(store, monkeypatch):
+def test_a_lease_is_renewed_while_it_is_held(store):
     with Lease(store, "vm", "vm1", "a", "slow work", ttl=1):
         time.sleep(2.5)  # more than twice its life
         assert store.holder("vm", "vm1") == "a slow work"
@@ -107,7 +106,6 @@ def test_inventory_is_shared_by_every_node(store):
     Inventory(store.r).add(HostRecord("host4", "qemu+tls://10.0.0.4/system", "kvm", 2048, 8))
     seen = Inventory(FleetState(store.url).r).get("host4")  # another node's view
     assert (seen.uri, seen.memory_mib, seen.state) == ("qemu+tls://10.0.0.4/system", 2048, "active")
-    assert locks.LEASE_TTL >= 10
 
 
 def test_the_end_of_a_task_gives_back_what_a_dead_earlier_run_of_it_held(store):
