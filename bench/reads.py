@@ -6,8 +6,9 @@ Listings, pages and API calls answer from the fleet's store (Redis), never by as
 This fills a private Redis server (loopback, a free port) with the inventory, the reconcile's host
 snapshot and the fleet view of 1,000 hosts holding 20,000 VMs (200 of them parked), then times, side
 by side in one run: `vmmgr vm list --json` (the command in this process, through click, and the
-whole process from exec to exit for reference), `GET /api/v1/vms` and the fleet page `/`
-(Flask's test client: the app's own time, no network). Target: each under 200 ms (p50).
+whole process from exec to exit for reference), `GET /api/v1/vms` (a page of 1,000 rows: the
+API pages its listing, the Link header naming the next), the fleet page `/` and a page of the VMs
+page (Flask's test client: the app's own time, no network). Target: each under 200 ms (p50).
 Writes bench/results/reads.json and reads.md.
 """
 
@@ -100,9 +101,25 @@ def main() -> None:
             out = runner.invoke(cli, ["--home", str(home.home), "vm", "list", "--json"])
             assert out.exit_code == 0 and len(json.loads(out.output)) == VMS, out.output[-500:]
 
-        def api_list():
-            resp = api.get("/api/v1/vms", headers={"Authorization": f"Bearer {token}"})
-            assert resp.status_code == 200 and len(resp.get_json()) == VMS
+        bearer = {"Authorization": f"Bearer {token}"}
+
+        def api_list(url="/api/v1/vms"):
+            resp = api.get(url, headers=bearer)
+            assert resp.status_code == 200 and len(resp.get_json()) == 1000
+            return resp
+
+        def api_all():  # every page, following the Link headers
+            url, seen = "/api/v1/vms", 0
+            while url:
+                resp = api.get(url, headers=bearer)
+                seen += len(resp.get_json())
+                link = resp.headers.get("Link")
+                url = link[1:link.index(">")] if link else None
+            assert seen == VMS
+
+        def vms_page():
+            resp = page.get("/vms?after=vm09999")
+            assert resp.status_code == 200 and b'id="vm-vm10499"' in resp.data
 
         def fleet_page():
             resp = page.get("/")
@@ -114,8 +131,12 @@ def main() -> None:
                            env=os.environ | {"VMMGR_HOME": str(home.home)})
 
         rows = {"vm list --json (command)": timed(cli_list),
-                "GET /api/v1/vms": timed(api_list),
+                "GET /api/v1/vms (first page, 1,000 VMs)": timed(api_list),
+                "GET /api/v1/vms?after=vm09999 (a middle page)": timed(
+                    lambda: api_list("/api/v1/vms?after=vm09999")),
                 "fleet page /": timed(fleet_page),
+                "VMs page /vms?after=vm09999 (500 VMs)": timed(vms_page),
+                "GET /api/v1/vms, all 20 pages (for reference)": timed(api_all, 5),
                 "vm list --json (whole process, for reference)": timed(cli_process, 5)}
     report = {"hosts": HOSTS, "vms": VMS, "parked": PARKED, "target_ms": TARGET_MS,
               "results": rows}

@@ -4,6 +4,7 @@ read this, and this reads only the fleet's store (the view, `view.py`): no host 
 page costs the same with 3 hosts or 1,000.
 """
 
+from bisect import bisect_right
 from operator import itemgetter
 
 from .errors import NotFound
@@ -29,12 +30,23 @@ def capacities(rows: list[dict]) -> dict[str, tuple[str, Capacity | None]]:
 def vm_rows(fleet: Fleet, rows: list[dict] | None = None,
             vms: list[dict] | None = None) -> list[dict]:
     """Running VMs and suspended ones, each with its address and how it would move."""
+    return vm_page(fleet, rows, vms)[0]
+
+
+def vm_page(fleet: Fleet, rows: list[dict] | None = None, vms: list[dict] | None = None,
+            after: str = "", limit: int | None = None) -> tuple[list[dict], str | None]:
+    """Up to `limit` rows of `vm_rows` (all if None), by name, from the first name after `after`;
+    and the name to continue after, None on the last page. Room is worked out over the whole
+    fleet; only the page's rows are completed, so a page costs little more than reading the view."""
     out = sorted(fleet.state.vm_views() if vms is None else vms, key=itemgetter("name"))
     moves = MovesIndex(capacities(rows) if rows is not None else view.capacities(
         fleet.inventory.records(), fleet.state.hosts(), out)).moves
-    for v in out:  # the view's rows, read just now: completed in place (20,000 of them)
+    start = bisect_right(out, after, key=itemgetter("name")) if after else 0
+    end = len(out) if limit is None else min(len(out), start + limit)
+    page = out[start:end]
+    for v in page:  # the view's rows, read just now: completed in place
         _row(v, moves)
-    return out
+    return page, (page[-1]["name"] if page and end < len(out) else None)
 
 
 def _row(v: dict, moves) -> dict:

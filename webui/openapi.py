@@ -125,6 +125,14 @@ COUNT = {"name": "count", "in": "query", "required": False,
          "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}
 
 
+VM_PAGE = [{"name": "limit", "in": "query", "required": False,
+            "description": "Rows per page (1,000 if not given)",
+            "schema": {"type": "integer", "minimum": 1, "maximum": 5000}},
+           {"name": "after", "in": "query", "required": False,
+            "description": "The page starts after this VM name (the Link header's next page)",
+            "schema": NAME}]
+
+
 def document() -> dict:
     vm, host = [_path_param("name")], [_path_param("name")]
     paths = {
@@ -134,8 +142,9 @@ def document() -> dict:
         "/hosts/{name}/drain": _action("Empty a host by live migration only", "drain"),
         "/hosts/{name}/reclaim": _action("Empty a host now: migrate what fits, suspend the rest"),
         "/hosts/{name}/enable": _action("Put a host back in service; parked VMs resume"),
-        "/vms": {"get": _op("Every VM, running or suspended", (200, _list("VM"), "VMs"),
-                            (401, 502, 503)),
+        "/vms": {"get": _op("Every VM, running or suspended, by name, a page at a time; the "
+                            "Link header names the next page (rel=next) while more follow",
+                            (200, _list("VM"), "VMs"), (400, 401, 502, 503), params=VM_PAGE),
                  "post": _op("Create a VM running a built-in workload",
                              (202, _ref("Queued"), "Queued"), ACT, "create", "operator")},
         "/vms/{name}": {"get": _op("One VM with its current operation and migrations",

@@ -15,12 +15,14 @@ from markupsafe import Markup, escape
 from vmmgr import overview, requests
 from vmmgr.errors import InvalidRequest, NotFound, VmmgrError
 from vmmgr.policy import DEFAULT_POLICY, POLICIES
+from vmmgr.spec import validate_name
 from vmmgr.workloads import WORKLOADS
 
 from . import backend
 from .auth import page_role
 
 bp = Blueprint("pages", __name__)
+VM_PAGE = 500  # rows on the VMs page; the rest a link away
 
 
 @bp.get("/")
@@ -51,10 +53,16 @@ def _vm_links(hosts: list[dict]) -> dict[str, Markup]:
 @bp.get("/vms")
 @page_role("viewer")
 def vms():
+    after = request.args.get("after")
+    if after is not None:
+        validate_name(after)
     with backend.fleet() as f:
-        hosts = overview.host_rows(f)
-        rows = overview.vm_rows(f, hosts)
-    return render_template("vms.html", vms=rows, hosts=hosts, workloads=WORKLOADS)
+        views = f.state.vm_views()
+        hosts = overview.host_rows(f, views)
+        rows, last = overview.vm_page(f, hosts, views, after=after or "", limit=VM_PAGE)
+    return render_template("vms.html", vms=rows, hosts=hosts, workloads=WORKLOADS,
+                           next_page=url_for("pages.vms", after=last) if last else None,
+                           paged=after is not None)
 
 
 @bp.get("/vms/<name>")

@@ -156,3 +156,41 @@ def test_every_api_route_is_documented(app):
             served |= {(path, m.lower()) for m in rule.methods - {"HEAD", "OPTIONS"}}
     assert served == documented
     assert app.test_client().get("/api/v1/openapi.json").get_json()["openapi"] == "3.0.3"
+
+
+def test_the_vm_list_comes_a_page_at_a_time_with_a_link_to_the_next(app, tokens, redis_url):
+    from vmmgr import view
+    from vmmgr.fleet import VMInfo
+    from vmmgr.inventory import HostRecord, Inventory
+
+    state = FleetState(redis_url)
+    Inventory(state.r).add(HostRecord("h1", "qemu+tls://10.0.0.1/system", "kvm", 65536, 32))
+    state.set_hosts({"h1": {"state": "active", "reachable": True}})
+    names = [f"vm{i:02d}" for i in range(25)]
+    state.replace_vm_views([view.guest_row(VMInfo(n, "h1", "running", 128, 1, "counter"))
+                            for n in reversed(names)])
+    client, seen, url, links = app.test_client(), [], "/api/v1/vms?limit=10", 0
+    while url:
+        r = client.get(url, headers=auth(tokens["viewer"]))
+        assert r.status_code == 200 and len(r.get_json()) <= 10
+        seen += [v["name"] for v in r.get_json()]
+        assert all(v["moves_by"]["mode"] for v in r.get_json())  # completed rows, not raw ones
+        link = r.headers.get("Link")
+        url = link[1:link.index(">")] if link else None
+        links += bool(link)
+    assert seen == names and links == 2  # 10 + 10 + 5, in name order, nothing twice
+    whole = client.get("/api/v1/vms", headers=auth(tokens["viewer"]))
+    assert [v["name"] for v in whole.get_json()] == names and "Link" not in whole.headers
+
+
+@pytest.mark.parametrize("query,message", [
+    ("limit=0", "limit must be a whole number from 1 to 5000"),
+    ("limit=5001", "limit must be a whole number from 1 to 5000"),
+    ("limit=%C2%B2", "limit must be a whole number"),  # a superscript two: isdigit, not int()
+    ("limit=ten", "limit must be a whole number"),
+    ("after=..%2Fetc", "invalid VM name"),
+    ("page=2", "unknown query parameter(s): page"),
+])
+def test_bad_paging_is_refused(app, tokens, query, message):
+    r = app.test_client().get(f"/api/v1/vms?{query}", headers=auth(tokens["viewer"]))
+    assert r.status_code == 400 and message in r.get_json()["error"]["message"]

@@ -140,3 +140,24 @@ def test_the_console_stream_sends_the_tail_then_what_follows(app, home):
     with app.test_request_context():
         assert "".join(backend.console_stream("vm1")) == "tick 0\ntick 1\ntick 2\n\ufffd\n"
         assert "".join(backend.console_stream("vm1", tail=9)) == "tick 2\n\ufffd\n"
+
+
+def test_the_vms_page_shows_a_page_of_rows_and_links_the_next(as_role, redis_url, mocker):
+    from vmmgr import view
+    from vmmgr.fleet import VMInfo
+
+    mocker.patch("webui.pages.VM_PAGE", 3)
+    names = [f"vm{i}" for i in range(7)]
+    FleetState(redis_url).replace_vm_views(
+        [view.guest_row(VMInfo(n, "h1", "running", 128, 1, "counter")) for n in names])
+    client, seen, url = as_role("viewer"), [], "/vms"
+    while url:
+        html = client.get(url).get_data(as_text=True)
+        shown = [n for n in names if f'id="vm-{n}"' in html]
+        assert 1 <= len(shown) <= 3
+        seen += shown
+        url = (html[:html.index('id="next-page"')].rsplit('href="', 1)[1].split('"')[0]
+               if 'id="next-page"' in html else None)
+    assert seen == names
+    r = client.get("/vms?after=../x")
+    assert r.status_code == 400
