@@ -103,27 +103,33 @@ class Fleet:
     def hosts(self) -> list[Host]:
         return [self.host(r.name) for r in self.inventory.records()]
 
-    def find_all(self, vm: str) -> list[Guest]:
-        """Every host's copy of the VM: one, or two while it migrates."""
+    def find_all(self, vm: str, strict: bool = False) -> list[Guest]:
+        """Every host's copy of the VM: one, or two while it migrates. A host that does not
+        answer is skipped, unless `strict` (deciding that a VM exists nowhere): then it raises
+        HostUnreachable, as it may hold the VM. A reclaimed host was emptied: it holds none."""
         validate_name(vm)
         found = []
         for host in self.hosts():
             try:
                 guest = host.find_guest(vm)
-            except HostUnreachable:
+            except HostUnreachable as err:
+                if strict and host.record.state != "reclaimed":
+                    raise HostUnreachable(f"{err}; it may hold {vm}, so nothing is decided "
+                                          "about that name until it answers (or is removed)"
+                                          ) from None
                 continue
             if guest is not None:
                 found.append(guest)
         return found
 
-    def find(self, vm: str) -> Guest | None:
+    def find(self, vm: str, strict: bool = False) -> Guest | None:
         """The VM's guest on the host that runs it (or holds it defined), None if nowhere.
 
         During a migration the VM exists on both hosts; the active side that is not paused for
         an incoming migration wins, which is the source until the switch-over.
         """
         for _ in range(3):
-            found = self.find_all(vm)
+            found = self.find_all(vm, strict)
             if not found:
                 return None
             try:
@@ -196,7 +202,9 @@ class Fleet:
         """Define and start `spec` on a host; on any failure nothing is left defined."""
         host = self.host(host_name)
         with self.lock_vm(spec.name, f"create of {spec.name} on {host_name}") as lease:
-            if self.find(spec.name) is not None or self.is_suspended(spec.name):
+            # strict: a host that does not answer may hold a VM of that name (and its address)
+            if self.find(spec.name, strict=True) is not None or (
+                    self.paths.saves / spec.name).exists():
                 raise Conflict(f"VM {spec.name!r} already exists")
             require_active(host)
             reason = refusal(host.capacity(), spec.memory_mib, spec.vcpus, spec.gpu_model,
@@ -251,7 +259,9 @@ class Fleet:
             edge.route(address, host)
 
     def is_suspended(self, vm: str) -> bool:
-        return (self.paths.saves / vm / "record.json").is_file()
+        """Saved on storage (a resume that claimed the image has not finished yet)."""
+        d = self.paths.saves / vm
+        return (d / "record.json").is_file() or (d / "claim.json").is_file()
 
     def destroy(self, vm: str) -> str:
         """Power the VM off and remove it everywhere (a suspended VM: its image), console logs

@@ -65,6 +65,8 @@ class Host:
 
     @property
     def conn(self) -> libvirt.virConnect:
+        if self._conn is not None and not self._listeners and not self.alive():
+            self.close()  # its libvirtd restarted: a long-lived process opens a new connection
         if self._conn is None:
             ensure_loop()  # before the connection opens, or it delivers no events
             with translated(f"connect to host {self.name} ({self.uri})"):

@@ -25,6 +25,7 @@ from .placement import refusal
 from .policy import Policy
 from .render import address_of, set_console_path
 from .spec import validate_name
+from .state import stored
 
 BASE_FLAGS = (
     libvirt.VIR_MIGRATE_LIVE
@@ -221,6 +222,7 @@ class _Migration:
         self.paused = False
         self.routed = False  # the edge sends the VM's address to the target
         self.last_stats: dict = {}
+        self.progress_lost = False
 
     def run(self) -> MigrationResult:
         guest = self.guest
@@ -252,9 +254,9 @@ class _Migration:
             if self.routed:  # it resumed on the target, then failed: its address goes back
                 self.fleet.route_address(address, self.source)
             self._fail(error, segment)
-        if address and not self.routed:  # no event came (it should have): route it now
-            self._event("no resume event from the target: routing the address after the fact")
-            self.fleet.route_address(address, self.target)
+        if address and not self.routed:  # no event came, or routing failed then: route it now
+            self._event("routing the address after the fact")
+            stored(lambda: self.fleet.route_address(address, self.target))
         return self._result(started_at, wall_ms)
 
     def _follow_switchover(self, address: str) -> int:
@@ -262,12 +264,12 @@ class _Migration:
         lifecycle event, not a poll after the fact (TCP would back off meanwhile)."""
         def on_lifecycle(event: int, detail: int) -> None:
             if event == libvirt.VIR_DOMAIN_EVENT_RESUMED and not self.routed:
-                self.routed = True
                 try:
                     self.fleet.route_address(address, self.target)
+                    self.routed = True
                     self._event(f"address {address} routed to {self.target} at resume")
-                except VmmgrError as err:
-                    self._event(f"could not route {address} to {self.target}: {err}")
+                except Exception as err:  # e.g. the store is away: routed once the VM has moved
+                    self._event(f"could not route {address} to {self.target} at resume: {err}")
 
         return self.dest.watch_lifecycle(self.guest.name, on_lifecycle)
 
@@ -336,8 +338,20 @@ class _Migration:
                 )
                 warning = pol.warning(progress.dirty_rate_bps, progress.speed_bps,
                                       self.policy.auto_converge)
-                self.on_progress(replace(progress, warning=warning))
+                self._report(replace(progress, warning=warning))
         return outcome.get("error")
+
+    def _report(self, progress: JobProgress) -> None:
+        """Progress is for the watchers: its store being away (a Redis outage) must not stop
+        the monitor, which alone steers and ends the migration."""
+        try:
+            self.on_progress(progress)
+            self.progress_lost = False
+        except Exception as err:  # whatever the reporter's store raises
+            if not self.progress_lost:
+                self._event(f"progress not reported ({type(err).__name__}: {err}); "
+                            "the migration goes on")
+            self.progress_lost = True
 
     def _apply(self, action) -> str | None:
         guest = self.guest

@@ -21,6 +21,7 @@ from .inventory import HostRecord
 from .placement import choose_host
 from .policy import get_policy
 from .spec import make_spec
+from .state import stored
 
 JOB_WAIT = 600  # seconds a re-run waits for a job its predecessor left running in libvirt
 
@@ -58,7 +59,7 @@ def create(fleet: Fleet, report: Report, spec: dict, host: str | None = None) ->
                          gpu_count=spec.get("gpu_count", 0))
     vm = spec_obj.name
     with fleet.lock_vm(vm, f"create of {vm}"):
-        existing = fleet.find(vm)
+        existing = fleet.find(vm, strict=True)
         if existing is not None and report.rerun:
             return {"vm": vm, "host": existing.host_name}  # the earlier run created it
         if host is None:
@@ -96,8 +97,10 @@ def _migrate(fleet: Fleet, report: Report, vm: str, target: str, chosen) -> dict
             "started_at": started, "ended_at": time.time()})
         report.event(f"{vm}: migration to {target} failed: {err}", vm=vm, kind="error")
         raise
-    fleet.state.record("migrated", vm, result.as_dict() | {"ended_at": time.time()})
-    report.event(f"{vm}: {source} -> {target}, blackout {result.downtime_ms} ms", vm=vm)
+    # The VM has moved: a store outage now delays its record, never loses it.
+    stored(lambda: fleet.state.record("migrated", vm, result.as_dict() | {"ended_at": time.time()}))
+    stored(lambda: report.event(f"{vm}: {source} -> {target}, blackout {result.downtime_ms} ms",
+                                vm=vm))
     return result.as_dict()
 
 
@@ -116,20 +119,22 @@ def suspend(fleet: Fleet, report: Report, vm: str, mode: str | None = None,
 
 def _suspend(fleet: Fleet, report: Report, vm: str, mode: str | None, parked: bool,
              why: str) -> dict:
+    _recovered(fleet, report, vm)
     done = suspension.find_suspended(fleet, vm)
     if done is not None and report.rerun:
         return asdict(done)
-    _settled(fleet, vm, report)
+    if done is None:
+        _settled(fleet, vm, report)
     fleet.state.record("suspending", vm, {"reason": why} if why else {})
     try:
         record = suspension.suspend(fleet, vm, parked=parked, mode=mode)
     except VmmgrError:
         record_truth(fleet, vm)
         raise
-    fleet.state.record("suspended", vm, asdict(record))
+    stored(lambda: fleet.state.record("suspended", vm, asdict(record)))
     how = "hibernated by its guest" if record.mode == "guest" else "suspended"
-    report.event(f"{vm}: {how} on {record.from_host} ({record.save_ms} ms)"
-                 + (", parked" if parked else ""), vm=vm)
+    stored(lambda: report.event(f"{vm}: {how} on {record.from_host} ({record.save_ms} ms)"
+                                + (", parked" if parked else ""), vm=vm))
     return asdict(record)
 
 
@@ -139,6 +144,7 @@ def resume(fleet: Fleet, report: Report, vm: str, host: str | None = None) -> di
 
 
 def _resume(fleet: Fleet, report: Report, vm: str, host: str | None) -> dict:
+    _recovered(fleet, report, vm)
     if report.rerun and not fleet.is_suspended(vm) and fleet.find(vm) is not None:
         return {"vm": vm, "host": fleet.locate(vm).host_name, "already_done": True}
     fleet.state.record("resuming", vm, {"target": host or ""})
@@ -147,9 +153,9 @@ def _resume(fleet: Fleet, report: Report, vm: str, host: str | None) -> dict:
     except VmmgrError:
         record_truth(fleet, vm)
         raise
-    fleet.state.record("resumed", vm, asdict(result))
-    report.event(f"{vm}: resumed on {result.host} ({result.restore_ms} ms)", vm=vm,
-                 host=result.host)
+    stored(lambda: fleet.state.record("resumed", vm, asdict(result)))
+    stored(lambda: report.event(f"{vm}: resumed on {result.host} ({result.restore_ms} ms)",
+                                vm=vm, host=result.host))
     return asdict(result)
 
 
@@ -201,7 +207,25 @@ OPERATIONS = {f.__name__: f for f in (create, migrate, cancel, suspend, resume, 
                                       drain_host, reclaim_host, enable_host, add_host)}
 
 
+def recover(fleet: Fleet, report: Report, vm: str) -> str | None:
+    """Finish or undo a suspend or resume of `vm` that was cut short (the reconcile's pass over
+    storage): at once, or not at all while another holds the VM or libvirt's job still runs."""
+    with fleet.lock_vm(vm, f"recovery of {vm}"):
+        return _recovered(fleet, report, vm, wait=0)
+
+
 # ---- helpers ----------------------------------------------------------------------------
+
+def _recovered(fleet: Fleet, report: Report, vm: str, wait: float = JOB_WAIT) -> str | None:
+    """What a run cut short left of a suspend or resume, finished or undone first (see
+    `suspend.recover`), so that what follows sees the VM either running or suspended."""
+    words = suspension.recover(fleet, vm, wait)
+    if words:
+        report.event(f"{vm}: {words}", vm=vm, kind="repair")
+        record_truth(fleet, vm)
+        fleet.publish(vm)
+    return words
+
 
 def _settled(fleet: Fleet, vm: str, report: Report):
     """The VM's guest once no job runs on it (an earlier run's migration or save may)."""

@@ -88,6 +88,9 @@ POLICIES = {
     )
 }
 DEFAULT_POLICY = "balanced"
+# 1 TiB/s: more than any link; libvirt's own ceiling (INT64_MAX bytes/s) would overflow its
+# typed parameter from Python long before, and the migration would fail after it started.
+MAX_BANDWIDTH_MIBPS = 1024 * 1024
 
 
 def get_policy(name: str | None, bandwidth_mibps: int | None = None, **overrides) -> Policy:
@@ -97,6 +100,8 @@ def get_policy(name: str | None, bandwidth_mibps: int | None = None, **overrides
     if bandwidth_mibps is not None:
         if bandwidth_mibps < 0:
             raise InvalidRequest("bandwidth must not be negative")
+        if bandwidth_mibps > MAX_BANDWIDTH_MIBPS:
+            raise InvalidRequest(f"bandwidth must be at most {MAX_BANDWIDTH_MIBPS} MiB/s")
         overrides["bandwidth_mibps"] = bandwidth_mibps
     for key, value in overrides.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:

@@ -8,7 +8,7 @@ refreshes the host snapshot. Nothing a moving VM depends on is touched while it 
 
 from dataclasses import asdict
 
-from . import reclaim
+from . import operations, reclaim, suspend as suspension
 from .addresses import pool_for
 from .edge import Edge
 from .errors import VmmgrError
@@ -17,12 +17,30 @@ from .guest import read_each
 
 
 def reconcile(fleet: Fleet, report) -> dict:
+    recovered = recover_cut_short(fleet, report)
     resumed = reclaim.resume_parked(fleet, report)
     rows = fleet.refresh_view()  # what libvirt and the storage say now (one pass over hosts)
     repaired = repair_records(fleet, report, rows)
     rerouted = repair_edge(fleet, report, rows)
     snapshot_hosts(fleet)
-    return {"resumed": resumed, "repaired": repaired, "rerouted": rerouted}
+    return {"recovered": recovered, "resumed": resumed, "repaired": repaired,
+            "rerouted": rerouted}
+
+
+def recover_cut_short(fleet: Fleet, report) -> list[str]:
+    """Finish or undo every suspend and resume whose run was cut short (a worker killed, a node
+    lost): a VM is never left shut off with its memory on storage. Those another operation
+    holds are its own to finish."""
+    done = []
+    for vm in suspension.cut_short(fleet):
+        if fleet.state.holder("vm", vm):
+            continue  # its operation is running (or its lease has yet to expire)
+        try:
+            if operations.recover(fleet, report, vm):
+                done.append(vm)
+        except VmmgrError as err:  # busy, or a host that does not answer: next time
+            report.event(f"{vm}: recovery postponed: {err}", vm=vm)
+    return done
 
 
 def repair_records(fleet: Fleet, report, rows: list[dict]) -> list[str]:

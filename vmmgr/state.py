@@ -31,6 +31,24 @@ _REFRESH = _OWNED + "return redis.call('expire', KEYS[1], ARGV[2]) else return 0
 _RELEASE = _OWNED + "return redis.call('del', KEYS[1]) else return 0 end"
 
 
+STORE_WAIT = 300  # s an outcome that has happened waits for the store to come back
+
+
+def stored(write, wait: float = STORE_WAIT):
+    """`write()`, retried while the store is out of reach: for what records an outcome that has
+    already happened (a VM moved), which an outage must delay, not lose. Past `wait` the error
+    is raised; the reconcile repairs the record from libvirt then."""
+    deadline, delay = time.monotonic() + wait, 0.5
+    while True:
+        try:
+            return write()
+        except redis.RedisError:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 10)
+
+
 class FleetState:
     def __init__(self, url: str):
         self.url = url

@@ -4,8 +4,14 @@
 migration into a file) and removes it from its host; `resume` restores it on any host that sees the
 storage, exactly where it stopped, and defines it there again. While suspended a VM lives only in
 `storage/saves/<vm>/`: the save image, the persistent definition and a small record. The image is
-written next to its final name and renamed only once complete, so a crash mid-save leaves the VM
-running and no half image that could be mistaken for a good one.
+written next to its final name and renamed only once complete, so a half image is never mistaken
+for a good one.
+
+Every step can be cut short (a worker killed, a node lost) while libvirt carries on without its
+client: a save goes on to the end and stops the domain. So each change is announced on storage
+before it starts: `intent.json` before a save or hibernation, and a resume first renames
+`record.json` to `claim.json` (one rename wins: two resumes never restore one image). `recover`
+reads what was left, with libvirt's view of the VM, and finishes the step or undoes it.
 """
 
 import json
@@ -59,16 +65,20 @@ def suspended(fleet: Fleet) -> list[Suspended]:
     root = fleet.paths.saves
     if not root.is_dir():
         return []
-    records = [_record(d) for d in sorted(root.iterdir()) if (d / "record.json").is_file()]
+    records = [_record(d) for d in sorted(root.iterdir()) if (d / RECORD).is_file()]
     return sorted(records, key=lambda r: r.suspended_at)  # oldest first: the resume order
 
 
 def find_suspended(fleet: Fleet, vm: str) -> Suspended | None:
     d = save_dir(fleet, vm)
-    return _record(d) if (d / "record.json").is_file() else None
+    return _record(d) if (d / RECORD).is_file() else None
 
 
 MODES = ("save", "guest")
+INTENT, RECORD, CLAIM = "intent.json", "record.json", "claim.json"
+# libvirt writes this magic at the head of a save image only once the image is complete
+# ("LibvirtQemudPart" while it is being written): src/qemu/qemu_saveimage.h
+COMPLETE_MAGIC = b"LibvirtQemudSave"
 HIBERNATE_TIMEOUT = 180  # s for the guest to write its image and power off (TCG: ~10 s)
 AGENT_TIMEOUT = 30  # s for the guest agent to answer libvirt
 
@@ -99,24 +109,17 @@ def _suspend(fleet: Fleet, vm: str, parked: bool, mode: str | None) -> Suspended
         lease.check()
         if mode == "guest":
             return _hibernate(fleet, guest, parked)
-        d = save_dir(fleet, vm)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "domain.xml").write_text(guest.xml(inactive=True, migratable=True))
+        d = _begin(guest, parked, "save", inactive_xml=guest.xml(inactive=True, migratable=True),
+                   d=save_dir(fleet, vm))
         partial = d / "image.partial"
         t0 = time.monotonic()
         try:
             guest.save(partial)
         except VmmgrError:
             # libvirt leaves the guest running: nothing to undo but the partial file.
-            partial.unlink(missing_ok=True)
+            shutil.rmtree(d, ignore_errors=True)
             raise
-        os.replace(partial, d / "image")
-        record = Suspended(vm, guest.host_name, guest.memory_mib(), guest.vcpus(), time.time(),
-                           int((time.monotonic() - t0) * 1000), (d / "image").stat().st_size,
-                           parked)
-        _write_json(d / "record.json", asdict(record))
-        guest.undefine()  # the image is complete: the VM now lives on storage only
-        return record
+        return _saved(d, guest, int((time.monotonic() - t0) * 1000))
 
 
 def _hibernate(fleet: Fleet, guest, parked: bool) -> Suspended:
@@ -124,10 +127,8 @@ def _hibernate(fleet: Fleet, guest, parked: bool) -> Suspended:
     storage, then power off). Its drivers put its devices in a state they can restore, which is
     why this works where a host-level save cannot. If the guest does not go, it keeps running."""
     vm, host = guest.name, guest.host_name
-    model, count = guest.device_needs()
-    d = save_dir(fleet, vm)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "domain.xml").write_text(guest.xml(inactive=True))
+    d = _begin(guest, parked, "guest", inactive_xml=guest.xml(inactive=True),
+               d=save_dir(fleet, vm))
     t0 = time.monotonic()
     refused = None
     try:
@@ -142,13 +143,45 @@ def _hibernate(fleet: Fleet, guest, parked: bool) -> Suspended:
             why = refused or f"still running {HIBERNATE_TIMEOUT} s after it was asked"
             raise HibernationFailed(f"{vm} did not hibernate ({why}); it keeps running on {host}")
         time.sleep(0.25)
-    disk = fleet.swap_disk_path(vm)
-    record = Suspended(vm, host, guest.memory_mib(), guest.vcpus(), time.time(),
-                       int((time.monotonic() - t0) * 1000),
-                       disk.stat().st_blocks * 512 if disk.exists() else 0, parked,
-                       "guest", model, count)
-    _write_json(d / "record.json", asdict(record))
-    guest.undefine()  # powered off with its image on shared storage: it lives there now
+    return _hibernated(d, guest, fleet.swap_disk_path(vm), int((time.monotonic() - t0) * 1000))
+
+
+def _begin(guest, parked: bool, mode: str, inactive_xml: str, d: Path) -> Path:
+    """The save directory with the VM's definition and the intent: what `recover` needs to
+    finish or undo the suspend if this process does not live to."""
+    model, count = guest.device_needs() if mode == "guest" else ("", 0)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "domain.xml").write_text(inactive_xml)
+    _write_json(d / INTENT, {"vm": guest.name, "from_host": guest.host_name,
+                             "memory_mib": guest.memory_mib(), "vcpus": guest.vcpus(),
+                             "parked": parked, "mode": mode, "device_model": model,
+                             "device_count": count, "started_at": time.time()})
+    return d
+
+
+def _saved(d: Path, guest, save_ms: int) -> Suspended:
+    """libvirt's save is complete: the image takes its name, the record is written, and the VM
+    now lives on storage only."""
+    intent = json.loads((d / INTENT).read_text())
+    os.replace(d / "image.partial", d / "image")
+    return _suspended(d, guest, intent, save_ms, (d / "image").stat().st_size)
+
+
+def _hibernated(d: Path, guest, disk: Path, save_ms: int) -> Suspended:
+    """The guest powered itself off with its image on its swap disk (shared storage)."""
+    intent = json.loads((d / INTENT).read_text())
+    return _suspended(d, guest, intent, save_ms,
+                      disk.stat().st_blocks * 512 if disk.exists() else 0)
+
+
+def _suspended(d: Path, guest, intent: dict, save_ms: int, size: int) -> Suspended:
+    record = Suspended(intent["vm"], intent["from_host"], intent["memory_mib"], intent["vcpus"],
+                       time.time(), save_ms, size, intent["parked"], intent["mode"],
+                       intent["device_model"], intent["device_count"])
+    _write_json(d / RECORD, asdict(record))
+    if guest is not None:
+        guest.undefine()
+    (d / INTENT).unlink()
     return record
 
 
@@ -179,21 +212,44 @@ def _resume(fleet: Fleet, vm: str, host: str | None) -> Resumed:
         if reason:
             raise Conflict(f"host {host} has no room to resume {vm}: {reason}")
         d = save_dir(fleet, vm)
-        lease.check()
         segment = console.next_segment(fleet.paths.consoles, vm, host)
+        lease.check()
+        _claim(d, vm)
         if record.mode == "guest":
             return _boot_from_hibernation(fleet, record, target, segment)
-        image_xml = target.save_image_xml(d / "image")
         t0 = time.monotonic()
-        target.restore(d / "image", set_console_path(image_xml, segment))
+        try:
+            target.restore(d / "image", set_console_path(target.save_image_xml(d / "image"),
+                                                         segment))
+        except VmmgrError:
+            _unclaim(d)  # nothing runs: the image stays, the VM stays suspended
+            raise
+        # It runs on the target from here: whatever fails now is finished forward (`recover`),
+        # never undone, or the image could be restored a second time.
         restore_ms = int((time.monotonic() - t0) * 1000)
-        definition = (d / "domain.xml").read_text()
-        target.define(set_console_path(definition, segment))
-        fleet.route_address(address_of(definition), host)
-        for name in ("image", "domain.xml", "record.json"):
-            (d / name).unlink(missing_ok=True)
-        d.rmdir()
+        _resumed_on(fleet, target, d, segment)
         return Resumed(vm, host, restore_ms, round(time.time() - record.suspended_at, 1))
+
+
+def _claim(d: Path, vm: str) -> None:
+    """Take the image for this resume: of two resumes, only one rename succeeds."""
+    try:
+        os.rename(d / RECORD, d / CLAIM)
+    except FileNotFoundError:
+        raise Conflict(f"VM {vm!r} is being resumed by another request") from None
+
+
+def _unclaim(d: Path) -> None:
+    os.replace(d / CLAIM, d / RECORD)
+
+
+def _resumed_on(fleet: Fleet, host, d: Path, segment: Path | None) -> None:
+    """The VM runs on `host`: defined there for good, its address routed, its save removed."""
+    definition = (d / "domain.xml").read_text()
+    if segment is not None:
+        host.define(set_console_path(definition, segment))
+    fleet.route_address(address_of(definition), host.name)
+    shutil.rmtree(d)
 
 
 def _boot_from_hibernation(fleet: Fleet, record: Suspended, target, segment: Path) -> Resumed:
@@ -205,20 +261,115 @@ def _boot_from_hibernation(fleet: Fleet, record: Suspended, target, segment: Pat
     if record.device_count:
         definition = devices.assign(definition, held, target.name)
     t0 = time.monotonic()
-    guest = target.define(definition)
     try:
-        guest.start()
+        guest = target.define(definition)
+        try:
+            guest.start()
+        except VmmgrError:
+            guest.undefine()
+            raise
     except VmmgrError:
-        guest.undefine()  # the image stays on storage, the VM stays suspended
+        _unclaim(d)  # the image stays on the swap disk, the VM stays suspended
         raise
-    fleet.route_address(address_of(definition), target.name)
-    shutil.rmtree(d)
+    _resumed_on(fleet, target, d, None)
     return Resumed(record.vm, target.name, int((time.monotonic() - t0) * 1000),
                    round(time.time() - record.suspended_at, 1))
 
 
+# ---- what a step cut short left ------------------------------------------------------------
+
+def cut_short(fleet: Fleet) -> list[str]:
+    """The VMs whose suspend or resume was cut short (what `recover` is for)."""
+    root = fleet.paths.saves
+    if not root.is_dir():
+        return []
+    return sorted(d.name for d in root.iterdir() if (d / INTENT).is_file() or (d / CLAIM).is_file())
+
+
+def recover(fleet: Fleet, vm: str, wait: float = 0) -> str | None:
+    """Finish or undo a suspend or resume of `vm` that was cut short; says what it did (None:
+    nothing was left half done). For the caller holding the VM's lock. Nothing is decided
+    without the hosts concerned: one that does not answer raises HostUnreachable, and a job
+    libvirt still runs is waited for up to `wait` seconds, then left (Conflict)."""
+    d = save_dir(fleet, vm)
+    if (d / CLAIM).is_file():
+        return _recover_resume(fleet, vm, d, wait)
+    if (d / INTENT).is_file():
+        return _recover_suspend(fleet, vm, d, wait)
+    return None
+
+
+def _recover_suspend(fleet: Fleet, vm: str, d: Path, wait: float) -> str:
+    intent = json.loads((d / INTENT).read_text())
+    host = fleet.host(intent["from_host"])
+    guest = host.find_guest(vm)
+    what = "hibernation" if intent["mode"] == "guest" else "save"
+    if (d / RECORD).is_file():  # cut short after the record: only the host's copy is left
+        if guest is not None and not guest.is_active():
+            guest.undefine()
+        (d / INTENT).unlink()
+        return f"the {what} cut short had finished: suspended"
+    deadline = time.monotonic() + wait
+    while guest is not None and guest.is_active() and (
+            guest.has_job() if intent["mode"] == "save"
+            else time.time() < intent["started_at"] + HIBERNATE_TIMEOUT):
+        if time.monotonic() >= deadline:
+            raise Conflict(f"VM {vm!r}: the {what} is still under way on {host.name}")
+        time.sleep(0.5)
+    active = guest is not None and guest.is_active()
+    if not active and intent["mode"] == "guest":
+        _hibernated(d, guest, fleet.swap_disk_path(vm), 0)
+        return "the hibernation cut short had completed (the guest powered off): suspended"
+    if not active and _complete(d / "image.partial"):
+        written = (d / "image.partial").stat().st_mtime
+        _saved(d, guest, max(0, int((written - intent["started_at"]) * 1000)))
+        return f"the save cut short had completed on {host.name}: suspended"
+    if active:
+        shutil.rmtree(d)
+        return f"the {what} cut short never completed: it runs on {host.name} as before"
+    # Shut off without a complete image (its QEMU or host died mid-save): the memory is gone.
+    # A VM never stays stopped: it boots again from its definition.
+    if guest is None:
+        guest = host.define((d / "domain.xml").read_text())
+    guest.start()
+    shutil.rmtree(d)
+    return (f"the save cut short left it shut off with no complete image (its memory is "
+            f"lost): booted again on {host.name}")
+
+
+def _recover_resume(fleet: Fleet, vm: str, d: Path, wait: float) -> str:
+    deadline = time.monotonic() + wait
+    while True:
+        found = fleet.find_all(vm, strict=True)  # the one that does not answer may hold it
+        guest = next((g for g in found if g.state() == "running"), None) or (
+            found[0] if found else None)
+        if guest is None:
+            _unclaim(d)
+            return "the resume cut short had not restored it: suspended again"
+        if guest.state() == "running" or not guest.has_job():
+            break
+        if time.monotonic() >= deadline:
+            raise Conflict(f"VM {vm!r}: its restore is still under way on {guest.host_name}")
+        time.sleep(0.5)
+    if not guest.is_active():
+        guest.start()  # defined but never started (a hibernated guest boots into its image)
+    elif guest.state() == "paused":
+        guest.resume()
+    host = fleet.host(guest.host_name)
+    _resumed_on(fleet, host, d, None if guest.is_persistent() else guest.console_path())
+    return f"the resume cut short had restored it on {host.name}: finished"
+
+
+def _complete(image: Path) -> bool:
+    try:
+        with open(image, "rb") as f:
+            return f.read(len(COMPLETE_MAGIC)) == COMPLETE_MAGIC
+    except OSError:
+        return False
+
+
 def _record(d: Path) -> Suspended:
-    return Suspended(**json.loads((d / "record.json").read_text()))
+    return Suspended(**json.loads((d / RECORD).read_text()))
 
 
 def _write_json(path: Path, data: dict) -> None:

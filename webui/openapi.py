@@ -1,6 +1,7 @@
 """The OpenAPI 3.0 document of `/api/v1`, kept next to the routes it describes (tests check that
 every route is documented and that the API honours every documented response)."""
 
+from vmmgr.policy import MAX_BANDWIDTH_MIBPS
 from vmmgr.spec import NAME_RE
 from vmmgr.users import ROLES
 
@@ -67,7 +68,8 @@ BODIES = {
     "create": _obj({"name": NAME, "workload": STR, "params": {
         "type": "object", "additionalProperties": STR}, "memory_mib": INT, "vcpus": INT,
         "host": NAME, "gpu_model": STR, "gpu_count": INT}, ["name"], extra=False),
-    "migrate": _obj({"target": NAME, "policy": STR, "bandwidth_mibps": INT}, ["target"],
+    "migrate": _obj({"target": NAME, "policy": STR, "bandwidth_mibps": {
+        "type": "integer", "minimum": 0, "maximum": MAX_BANDWIDTH_MIBPS}}, ["target"],
                     extra=False),
     "drain": _obj({"timeout": NUM}, extra=False),
     "resume": _obj({"host": NAME}, extra=False),

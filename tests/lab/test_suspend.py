@@ -71,3 +71,75 @@ def test_suspend_and_resume_refusals_change_nothing(make_vm, fleet, paths):
     assert "suspended" in cli("vm", "destroy", "parked", check_code=0).stdout
     assert not (paths.saves / "parked").exists()
     assert cli("vm", "resume", "parked").returncode == 3
+
+
+def test_a_worker_killed_mid_save_leaves_the_vm_suspended_not_shut_off(lab, make_vm, fleet,
+                                                                       paths):
+    """Before: libvirt finished the save without its client and stopped the domain; the rerun
+    refused ("only a running VM is suspended"), the reconcile recorded it shut off, and a
+    complete image.partial stayed on storage with nothing to resume it."""
+    import os
+    import signal
+
+    from vmmgr.state import FleetState
+
+    from .test_tasks import wait_for
+
+    state = FleetState(paths.redis_url())
+    make_vm("cutsave", host="host1", workload="dirtier", memory=256, rate=16, mib=160)
+    wait_dirtier_passes(paths, "cutsave", 2)
+    d = paths.saves / "cutsave"
+    try:
+        cli("vm", "suspend", "cutsave", "--no-wait", check_code=0)
+        wait_for(lambda: (d / "image.partial").exists(), 60, "the save never started")
+        os.kill(lab.services().worker_pid("host1"), signal.SIGKILL)
+        # Killed mid-save: the intent is there and no record yet (the test means what it says).
+        assert (d / "intent.json").exists() and not (d / "record.json").exists()
+        lab.up(3)  # brings the worker back; its rerun or the reconcile finishes the save
+
+        wait_for(lambda: suspend.find_suspended(fleet, "cutsave") is not None
+                 and not (d / "intent.json").exists(), 120, "the cut-short save was not finished")
+        assert where_defined(fleet, "cutsave") == []  # on no host: it lives on storage
+        assert (d / "image").read_bytes()[:16] == b"LibvirtQemudSave"
+        wait_for(lambda: state.vm("cutsave").get("state") == "suspended", 30,
+                 "the record does not say suspended")
+        repairs = [e["message"] for e in state.events(500, vm="cutsave")]
+        assert any("cut short had completed on host1: suspended" in m for m in repairs), repairs
+
+        suspend.resume(fleet, "cutsave", "host2")
+        before = wait_dirtier_passes(paths, "cutsave", 0)
+        wait_dirtier_passes(paths, "cutsave", before + 2)
+        assert_memory_intact(paths, "cutsave")  # the same guest, memory verified
+    finally:
+        lab.up(3)
+
+
+def test_a_host_that_does_not_answer_blocks_creating_a_vm_it_may_hold(lab, make_vm, fleet,
+                                                                      paths):
+    """Before: `find_all` skipped a host that did not answer, so a VM of the same name was
+    created elsewhere (and took the old VM's address and route)."""
+    import subprocess
+
+    from vmmgr import operations
+    from vmmgr.errors import HostUnreachable
+    from vmmgr.fleet import Fleet
+    from vmmgr.images import ensure_builtin
+
+    make_vm("twinned", host="host3")
+    wait_ticks(paths, "twinned", 2)
+    # host3's libvirtd stops answering (its port refuses); its VM runs on.
+    rule = ["-p", "tcp", "--dport", "16514", "-j", "REJECT", "--reject-with", "tcp-reset"]
+    ipt = ["ip", "netns", "exec", "vmmgr-host3", "iptables"]
+    subprocess.run([*ipt, "-I", "INPUT", *rule], check=True)
+    try:
+        image = ensure_builtin(paths.images)
+        spec = {"name": "twinned", "memory_mib": 128, "vcpus": 1, "kernel": str(image.kernel),
+                "initrd": str(image.initrd), "cmdline": "quiet"}
+        with Fleet(paths) as cut_off:  # a control node that cannot reach host3
+            with pytest.raises(HostUnreachable, match="it may hold twinned"):
+                operations.create(cut_off, operations.LocalReport(cut_off), spec, host="host1")
+            assert cut_off.host("host1").find_guest("twinned") is None
+    finally:
+        subprocess.run([*ipt, "-D", "INPUT", *rule], check=True)
+    with Fleet(paths) as f:
+        assert where_defined(f, "twinned") == ["host3"]

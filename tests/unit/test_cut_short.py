@@ -1,0 +1,262 @@
+"""A suspend or resume cut short (its worker SIGKILLed, its node lost) while libvirt carried on
+without its client: `suspend.recover` finishes or undoes it from what storage and libvirt show.
+Before it, a save finished by libvirt after its worker died left the VM shut off for good with
+a complete image nothing would resume. Fake hosts and guests answer as libvirt does."""
+
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from vmmgr import suspend
+from vmmgr.errors import Conflict, HostUnreachable
+from vmmgr.fleet import Fleet
+
+PART, DONE = b"LibvirtQemudPart", b"LibvirtQemudSave"
+
+
+class FakeGuest:
+    def __init__(self, name, host_name, state="running", job=False, persistent=True):
+        self.name, self.host_name, self._state = name, host_name, state
+        self.job, self.persistent, self.calls = job, persistent, []
+
+    def state(self):
+        return self._state
+
+    def is_active(self):
+        return self._state != "shutoff"
+
+    def has_job(self):
+        return self.job
+
+    def is_persistent(self):
+        return self.persistent
+
+    def console_path(self):
+        return Path(f"/consoles/{self.name}.3.{self.host_name}.log")
+
+    def undefine(self):
+        self.calls.append("undefine")
+
+    def start(self):
+        self.calls.append("start")
+        self._state = "running"
+
+    def resume(self):
+        self.calls.append("resume")
+        self._state = "running"
+
+
+class FakeHost:
+    def __init__(self, name, guest=None, answers=True, state="active"):
+        self.name, self.guest, self.answers = name, guest, answers
+        self.record = SimpleNamespace(state=state)
+        self.defined = []
+
+    def find_guest(self, vm):
+        if not self.answers:
+            raise HostUnreachable(f"host {self.name} does not answer")
+        return self.guest
+
+    def define(self, xml):
+        self.defined.append(xml)
+        self.guest = self.guest or FakeGuest("vm1", self.name, state="shutoff")
+        self.guest.persistent = True
+        return self.guest
+
+
+class FakeFleet:
+    def __init__(self, tmp_path, *hosts):
+        self.paths = SimpleNamespace(saves=tmp_path / "saves")
+        self._hosts = {h.name: h for h in hosts}
+        self.routes = []
+
+    def host(self, name):
+        return self._hosts[name]
+
+    def hosts(self):
+        return list(self._hosts.values())
+
+    find_all = Fleet.find_all  # the real one, over the fake hosts
+
+    def route_address(self, address, host):
+        self.routes.append((address, host))
+
+    def swap_disk_path(self, vm):
+        return self.paths.saves.parent / "disks" / f"{vm}-swap.img"
+
+
+DOMAIN = ("<domain><name>vm1</name><metadata><vmmgr:vm xmlns:vmmgr='https://vmmgr.dev/xmlns/vm/1'>"
+          "<vmmgr:address>10.78.0.5</vmmgr:address></vmmgr:vm></metadata><devices><serial "
+          "type='file'><source path='/consoles/vm1.2.h1.log'/></serial></devices></domain>")
+
+
+def cut_short_save(fleet, mode="save", image: bytes | None = None, record=False) -> Path:
+    d = fleet.paths.saves / "vm1"
+    d.mkdir(parents=True)
+    (d / "domain.xml").write_text(DOMAIN)
+    (d / "intent.json").write_text(json.dumps({
+        "vm": "vm1", "from_host": "h1", "memory_mib": 512, "vcpus": 1, "parked": True,
+        "mode": mode, "device_model": "", "device_count": 0, "started_at": time.time() - 5}))
+    if image is not None:
+        (d / "image.partial").write_bytes(image + b"\0" * 4096)
+    if record:
+        (d / "record.json").write_text(json.dumps({
+            "vm": "vm1", "from_host": "h1", "memory_mib": 512, "vcpus": 1,
+            "suspended_at": time.time(), "save_ms": 900, "image_bytes": 4112, "parked": True}))
+    return d
+
+
+def test_a_save_libvirt_finished_after_its_worker_died_is_finished(tmp_path):
+    guest = FakeGuest("vm1", "h1", state="shutoff")  # libvirt stopped it when the save ended
+    fleet = FakeFleet(tmp_path, FakeHost("h1", guest))
+    d = cut_short_save(fleet, image=DONE)
+    words = suspend.recover(fleet, "vm1")
+    assert "completed on h1: suspended" in words
+    record = suspend.find_suspended(fleet, "vm1")
+    assert record.from_host == "h1" and record.parked and record.image_bytes == 4112
+    assert record.memory_mib == 512 and 0 < record.save_ms < 60_000
+    assert (d / "image").read_bytes().startswith(DONE) and not (d / "image.partial").exists()
+    assert not (d / "intent.json").exists() and guest.calls == ["undefine"]
+    assert suspend.cut_short(fleet) == []
+
+
+def test_a_save_that_never_completed_leaves_the_vm_running_and_no_half_image(tmp_path):
+    guest = FakeGuest("vm1", "h1")  # the save failed: libvirt left the guest running
+    fleet = FakeFleet(tmp_path, FakeHost("h1", guest))
+    d = cut_short_save(fleet, image=PART)
+    assert "never completed: it runs on h1 as before" in suspend.recover(fleet, "vm1")
+    assert not d.exists() and guest.calls == [] and suspend.find_suspended(fleet, "vm1") is None
+
+
+def test_a_save_still_running_in_libvirt_is_waited_for_not_decided(tmp_path):
+    guest = FakeGuest("vm1", "h1", job=True)
+    fleet = FakeFleet(tmp_path, FakeHost("h1", guest))
+    d = cut_short_save(fleet, image=PART)
+    with pytest.raises(Conflict, match="save is still under way on h1"):
+        suspend.recover(fleet, "vm1", wait=0)
+    assert (d / "intent.json").exists() and (d / "image.partial").exists() and guest.calls == []
+
+
+def test_a_vm_shut_off_with_no_complete_image_boots_again(tmp_path):
+    guest = FakeGuest("vm1", "h1", state="shutoff")  # its QEMU died mid-save
+    fleet = FakeFleet(tmp_path, FakeHost("h1", guest))
+    d = cut_short_save(fleet, image=PART)
+    assert "booted again on h1" in suspend.recover(fleet, "vm1")
+    assert guest.calls == ["start"] and not d.exists()
+
+
+def test_a_hibernation_cut_short_after_the_guest_powered_off_is_finished(tmp_path):
+    guest = FakeGuest("vm1", "h1", state="shutoff")
+    fleet = FakeFleet(tmp_path, FakeHost("h1", guest))
+    cut_short_save(fleet, mode="guest")
+    assert "hibernation cut short had completed" in suspend.recover(fleet, "vm1")
+    record = suspend.find_suspended(fleet, "vm1")
+    assert record.mode == "guest" and guest.calls == ["undefine"]
+
+
+def test_a_suspend_cut_short_after_its_record_only_drops_the_hosts_copy(tmp_path):
+    guest = FakeGuest("vm1", "h1", state="shutoff")
+    fleet = FakeFleet(tmp_path, FakeHost("h1", guest))
+    d = cut_short_save(fleet, image=DONE, record=True)
+    assert "had finished" in suspend.recover(fleet, "vm1")
+    assert guest.calls == ["undefine"] and not (d / "intent.json").exists()
+    assert suspend.find_suspended(fleet, "vm1") is not None
+
+
+def test_a_host_that_does_not_answer_postpones_the_decision(tmp_path):
+    fleet = FakeFleet(tmp_path, FakeHost("h1", answers=False))
+    d = cut_short_save(fleet, image=DONE)
+    with pytest.raises(HostUnreachable):
+        suspend.recover(fleet, "vm1")
+    assert (d / "intent.json").exists() and (d / "image.partial").exists()
+
+
+def claimed(fleet) -> Path:
+    d = fleet.paths.saves / "vm1"
+    d.mkdir(parents=True)
+    (d / "domain.xml").write_text(DOMAIN)
+    (d / "image").write_bytes(DONE)
+    (d / "record.json").write_text(json.dumps({
+        "vm": "vm1", "from_host": "h1", "memory_mib": 512, "vcpus": 1,
+        "suspended_at": time.time(), "save_ms": 900, "image_bytes": 16}))
+    suspend._claim(d, "vm1")
+    return d
+
+
+def test_only_one_of_two_resumes_claims_the_image(tmp_path):
+    fleet = FakeFleet(tmp_path)
+    d = claimed(fleet)
+    with pytest.raises(Conflict, match="being resumed by another request"):
+        suspend._claim(d, "vm1")
+    assert (d / "claim.json").exists() and not (d / "record.json").exists()
+
+
+def test_a_resume_cut_short_before_the_restore_is_suspended_again(tmp_path):
+    fleet = FakeFleet(tmp_path, FakeHost("h1"), FakeHost("h2"))
+    d = claimed(fleet)
+    assert "had not restored it: suspended again" in suspend.recover(fleet, "vm1")
+    assert (d / "record.json").exists() and (d / "image").exists()
+    assert suspend.find_suspended(fleet, "vm1") is not None
+
+
+def test_a_resume_cut_short_after_the_restore_is_finished_where_the_vm_runs(tmp_path):
+    running = FakeGuest("vm1", "h2", persistent=False)  # restored, not yet defined
+    h2 = FakeHost("h2", running)
+    fleet = FakeFleet(tmp_path, FakeHost("h1"), h2)
+    d = claimed(fleet)
+    assert "restored it on h2: finished" in suspend.recover(fleet, "vm1")
+    assert not d.exists() and fleet.routes == [("10.78.0.5", "h2")]
+    [xml] = h2.defined  # defined for good, its console where the restored VM writes it
+    assert "vm1.3.h2.log" in xml
+
+
+def test_a_resume_cut_short_is_not_decided_while_a_host_does_not_answer(tmp_path):
+    fleet = FakeFleet(tmp_path, FakeHost("h1"), FakeHost("h2", answers=False),
+                      FakeHost("h3", answers=False, state="reclaimed"))
+    d = claimed(fleet)
+    with pytest.raises(HostUnreachable, match="it may hold vm1"):
+        suspend.recover(fleet, "vm1")
+    assert (d / "claim.json").exists()  # h2 may be running it: the image is not handed out
+
+
+def test_a_reclaimed_host_that_does_not_answer_holds_nothing(tmp_path):
+    fleet = FakeFleet(tmp_path, FakeHost("h1"), FakeHost("h3", answers=False, state="reclaimed"))
+    assert fleet.find_all("vm1", strict=True) == []
+
+
+def test_any_exception_in_libvirts_migration_call_is_a_failure_not_a_success(tmp_path, mocker):
+    """Before: an OverflowError from the migration thread (bandwidth 2**70) was taken for a
+    success, and the VM's address was routed to the target while the VM stayed on the source."""
+    from vmmgr.errors import MigrationFailed
+    from vmmgr.migration import _Migration
+    from vmmgr.policy import get_policy
+
+    guest = mocker.Mock(host_name="h1")
+    guest.name = "vm1"
+    guest.xml.return_value = DOMAIN
+    guest.migrate_to.side_effect = OverflowError("Python int too large to convert to C long")
+    guest.is_active.return_value = True
+    guest.state.return_value = "running"
+    guest.job_stats.return_value = {"type": 0}
+    fleet = mocker.Mock()
+    fleet.paths.consoles = tmp_path
+    fleet.host.return_value.record.tls = True
+    fleet.host.return_value.uri = "qemu+tls://10.0.0.2/system"
+    migration = _Migration(fleet, guest, "h2", get_policy(None), None, 0.01,
+                           mocker.Mock(lost=False))
+    with pytest.raises(MigrationFailed, match="OverflowError.*still running on h1"):
+        migration.run()
+    fleet.route_address.assert_not_called()
+    fleet.host.return_value.find_guest.assert_not_called()  # never looked for as arrived
+
+
+def test_a_bandwidth_libvirt_cannot_take_is_refused_before_anything_starts():
+    from vmmgr.errors import InvalidRequest
+    from vmmgr.policy import MAX_BANDWIDTH_MIBPS, get_policy
+
+    assert get_policy(None, MAX_BANDWIDTH_MIBPS).bandwidth_mibps == MAX_BANDWIDTH_MIBPS
+    with pytest.raises(InvalidRequest, match="bandwidth must be at most"):
+        get_policy(None, 2 ** 70)
