@@ -38,6 +38,13 @@ def next_segment(consoles: Path, vm: str, host: str) -> Path:
     return folder / f"{seq:06d}-{host}.log"
 
 
+def current_segment(consoles: Path, vm: str, host: str) -> Path:
+    """The newest segment `host` writes for `vm` (a migration resumed after a break goes on with
+    the destination's QEMU, which already writes there); a fresh one if it has none."""
+    mine = [p for p in segments(consoles, vm) if segment_host(p) == host]
+    return mine[-1] if mine else next_segment(consoles, vm, host)
+
+
 def segment_host(segment: Path) -> str:
     """The host that wrote a segment."""
     return SEGMENT_RE.match(segment.name).group(2)

@@ -42,6 +42,15 @@ class MigrationFailed(VmmgrError):
     exit_code = 6
 
 
+class PostcopyPaused(MigrationFailed):
+    """Post-copy broke and could not be resumed: the VM's memory is split between the hosts and
+    it is paused on both until the link is back and the same migration is resumed."""
+
+    def __init__(self, message: str, source: str, target: str):
+        super().__init__(message)
+        self.source, self.target = source, target
+
+
 class HibernationFailed(MigrationFailed):
     """The guest did not hibernate (its agent did not answer, or it did not power off in time).
     The VM is still running where it was."""

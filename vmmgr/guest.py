@@ -143,6 +143,13 @@ class Guest:
         with translated(f"abort job of {self.name}"):
             self._dom.abortJob()
 
+    def pause_postcopy(self) -> None:
+        """Break this side's post-copy off (QEMU's migrate-pause): a destination whose stream
+        went silent (a link that dropped packets, no reset) waits for ever otherwise, and a
+        broken post-copy resumes only once both sides know it is broken."""
+        with translated(f"pause post-copy of {self.name} on {self.host_name}"):
+            self._dom.abortJobFlags(libvirt.VIR_DOMAIN_ABORT_JOB_POSTCOPY)
+
     # ---- migration (the engine steers; these only carry its orders to libvirt) ----------
 
     def migrate_to(self, dest_uri: str, params: dict, flags: int) -> None:

@@ -141,6 +141,9 @@ class Services:
     def worker_pid(self, host: str) -> int | None:
         return self._pid(f"worker-{host}") if self._alive(f"worker-{host}") else None
 
+    def redis_pid(self) -> int | None:
+        return self._pid("redis") if self._alive("redis") else None
+
     # ---- all of it ------------------------------------------------------------------------
 
     def stop(self) -> None:

@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import libvirt
 
 from . import console, policy as pol
-from .errors import Conflict, JobAborted, MigrationFailed, NotFound, VmmgrError
+from .errors import Conflict, JobAborted, MigrationFailed, NotFound, PostcopyPaused, VmmgrError
 from .fleet import Fleet, require_active, require_other_host
 from .guest import Guest
 from .locks import Lease
@@ -184,6 +184,24 @@ def migrate(
             fleet.publish(vm)  # wherever it ended up
 
 
+def resume_postcopy(fleet: Fleet, vm: str, source: str, target: str, policy: Policy,
+                    on_progress: Callable[[JobProgress], None] | None = None,
+                    poll_interval: float = 0.2) -> MigrationResult:
+    """Resume a migration left paused in post-copy (`PostcopyPaused`) from `source` to
+    `target`; raises PostcopyPaused again while the link is still down."""
+    validate_name(vm)
+    with fleet.lock_vm(vm, f"post-copy recovery of {vm} to {target}") as lease:
+        guest = fleet.host(source).find_guest(vm)
+        if guest is None or guest.postcopy_phase() != "failed":
+            raise Conflict(f"VM {vm!r} is not paused in a broken post-copy on {source}")
+        lease.check()
+        try:
+            return _Migration(fleet, guest, target, policy, on_progress, poll_interval,
+                              lease).resume_postcopy()
+        finally:
+            fleet.publish(vm)
+
+
 def require_live_migratable(guest) -> None:
     """A VM whose devices cannot be migrated never enters a live migration."""
     live, why = guest.live_migratable()
@@ -224,15 +242,21 @@ class _Migration:
         self.last_stats: dict = {}
         self.progress_lost = False
 
-    def run(self) -> MigrationResult:
+    def _flags_and_params(self, segment) -> tuple[int, dict]:
         guest = self.guest
-        segment = console.next_segment(self.fleet.paths.consoles, guest.name, self.target)
-        persistent = guest.xml(inactive=True, migratable=True)
         flags, params = flags_and_params(self.policy)
         if self.dest.record.tls:  # a host set up for TLS refuses a migration without it
             flags |= libvirt.VIR_MIGRATE_TLS
         params[libvirt.VIR_MIGRATE_PARAM_DEST_XML] = set_console_path(guest.xml(migratable=True), segment)
-        params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML] = set_console_path(persistent, segment)
+        params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML] = set_console_path(
+            guest.xml(inactive=True, migratable=True), segment)
+        return flags, params
+
+    def run(self) -> MigrationResult:
+        guest = self.guest
+        segment = console.next_segment(self.fleet.paths.consoles, guest.name, self.target)
+        persistent = guest.xml(inactive=True, migratable=True)
+        flags, params = self._flags_and_params(segment)
 
         # The first downtime limit is set before the job starts. A libvirt call that steers a
         # migration made during its setup phase waits for the whole job to end (seen in the lab:
@@ -259,6 +283,26 @@ class _Migration:
             stored(lambda: self.fleet.route_address(address, self.target))
         return self._result(started_at, wall_ms)
 
+    def resume_postcopy(self) -> MigrationResult:
+        """Resume the post-copy this VM was left paused in (`PostcopyPaused`), now that the
+        link may be back: the same migration, its flags and the policy it started with."""
+        guest = self.guest
+        self.postcopy_started = True
+        segment = console.current_segment(self.fleet.paths.consoles, guest.name, self.target)
+        flags, params = self._flags_and_params(segment)
+        address = address_of(guest.xml(inactive=True))  # now: the source is gone once it ends
+        started_at, t0 = time.time(), time.monotonic()
+        self._event("resuming the post-copy left paused")
+        error = self._break_off_destination() or self._migrate(
+            params, flags | libvirt.VIR_MIGRATE_POSTCOPY_RESUME,
+            pol.Watch(started=time.monotonic(), postcopy=True), first=False)
+        wall_ms = int((time.monotonic() - t0) * 1000)
+        if error is not None:
+            self._fail(error, segment)
+        if address:  # it runs on the target now (it already did, paused, before the link broke)
+            stored(lambda: self.fleet.route_address(address, self.target))
+        return self._result(started_at, wall_ms)
+
     def _follow_switchover(self, address: str) -> int:
         """Move the VM's address at the edge the moment the VM resumes on the target: libvirt's
         lifecycle event, not a poll after the fact (TCP would back off meanwhile)."""
@@ -273,18 +317,39 @@ class _Migration:
 
         return self.dest.watch_lifecycle(self.guest.name, on_lifecycle)
 
-    def _migrate(self, params: dict, flags: int, watch: pol.Watch) -> Exception | None:
+    def _migrate(self, params: dict, flags: int, watch: pol.Watch,
+                 first: bool = True) -> Exception | None:
         error = self._call_and_monitor(params, flags, watch)
-        attempts = 0
+        attempts = 0 if first else POSTCOPY_RECOVERY_ATTEMPTS  # a later try is one call
         while error is not None and self.postcopy_started and attempts < POSTCOPY_RECOVERY_ATTEMPTS:
             # The link broke during post-copy: the VM's memory is split between the hosts, so the
             # only way forward is to resume the same migration once the link is back.
             attempts += 1
             self._event(f"post-copy interrupted ({_words(error)}); recovery attempt {attempts}")
             time.sleep(min(2 ** attempts, 10))
-            error = self._call_and_monitor(params, flags | libvirt.VIR_MIGRATE_POSTCOPY_RESUME,
-                                           pol.Watch(started=time.monotonic(), postcopy=True))
+            error = self._break_off_destination() or self._call_and_monitor(
+                params, flags | libvirt.VIR_MIGRATE_POSTCOPY_RESUME,
+                pol.Watch(started=time.monotonic(), postcopy=True))
         return error
+
+    def _break_off_destination(self) -> Exception | None:
+        """Before a post-copy is resumed both sides must know it broke. A destination that never
+        saw the stream fail (its packets were dropped, no reset came) still waits in post-copy:
+        pause it, as `virsh domjobabort --postcopy` on that host does. Returns why the resume
+        must wait, if it must: asked while the destination still waits, libvirt's prepare there
+        hangs holding the domain (seen on the lab), and nothing resumes it after. (libvirt 9.0
+        reports the destination "running (post-copy)" whether or not its QEMU saw the break, so
+        the pause is asked for whenever it says so.)"""
+        try:
+            there = self.dest.find_guest(self.guest.name)
+            if there is None:
+                return MigrationFailed(f"{self.guest.name} is gone from {self.target}")
+            if there.postcopy_phase() == "running":
+                there.pause_postcopy()
+            return None
+        except VmmgrError as err:
+            self._event(f"the post-copy on {self.target} could not be paused: {_words(err)}")
+            return err
 
     def _result(self, started_at: float, wall_ms: int) -> MigrationResult:
         guest = self.guest
@@ -388,10 +453,10 @@ class _Migration:
         what = f"migration of {self.guest.name} from {self.source} to {self.target}"
         tail = f"the VM is {where} {self.source}"
         if self.postcopy_started:
-            raise MigrationFailed(
-                f"{what} broke in post-copy and {POSTCOPY_RECOVERY_ATTEMPTS} recovery attempts "
-                f"failed ({_words(error)}); its memory is split between the hosts, so "
-                f"it stays paused on both until the link is back and the migration is resumed")
+            raise PostcopyPaused(
+                f"{what} broke in post-copy and could not be resumed ({_words(error)}); its memory is split between the hosts, so "
+                f"it stays paused on both until the link is back and the migration is resumed "
+                f"(the reconcile tries again)", self.source, self.target)
         if self.policy_abort:
             raise MigrationFailed(f"{what} aborted by policy {self.policy.name}: {self.policy_abort}; {tail}")
         if isinstance(error, JobAborted):

@@ -15,7 +15,7 @@ from dataclasses import asdict
 from typing import Protocol
 
 from . import migration, reclaim, suspend as suspension
-from .errors import Conflict, HostUnreachable, NotFound, VmmgrError
+from .errors import Conflict, HostUnreachable, NotFound, PostcopyPaused, VmmgrError
 from .fleet import Fleet
 from .inventory import HostRecord
 from .placement import choose_host
@@ -91,6 +91,9 @@ def _migrate(fleet: Fleet, report: Report, vm: str, target: str, chosen) -> dict
     started = time.time()
     try:
         result = migration.migrate(fleet, vm, target, policy=chosen, on_progress=report.progress)
+    except PostcopyPaused as err:
+        _record_postcopy_paused(fleet, report, vm, err, chosen, started)
+        raise
     except VmmgrError as err:
         fleet.state.record("migration_failed", vm, {
             "source": source, "target": target, "error": str(err), "policy": chosen.name,
@@ -102,6 +105,41 @@ def _migrate(fleet: Fleet, report: Report, vm: str, target: str, chosen) -> dict
     stored(lambda: report.event(f"{vm}: {source} -> {target}, blackout {result.downtime_ms} ms",
                                 vm=vm))
     return result.as_dict()
+
+
+def _record_postcopy_paused(fleet: Fleet, report: Report, vm: str, err: PostcopyPaused,
+                            chosen, started: float) -> None:
+    stored(lambda: fleet.state.record("postcopy_paused", vm, {
+        "source": err.source, "target": err.target, "error": str(err), "policy": chosen.name,
+        "bandwidth": chosen.bandwidth_mibps, "started_at": started, "ended_at": time.time()}))
+    report.event(f"{vm}: paused in post-copy between {err.source} and {err.target}: {err}",
+                 vm=vm, kind="error")
+
+
+def resume_postcopy(fleet: Fleet, report: Report, vm: str) -> dict:
+    """Resume the migration a broken post-copy left paused on both hosts (the reconcile runs
+    this for each VM recorded so). While the link is down it stays paused, and recorded so."""
+    with fleet.lock_vm(vm, f"post-copy recovery of {vm}"):
+        rec = fleet.state.vm(vm)
+        if rec.get("state") != "postcopy-paused":
+            raise Conflict(f"VM {vm!r} is not paused in post-copy")
+        chosen = get_policy(rec.get("policy") or None, int(rec.get("bandwidth") or 0))
+        started = time.time()
+        try:
+            result = migration.resume_postcopy(fleet, vm, rec["source"], rec["target"], chosen,
+                                               on_progress=report.progress)
+        except PostcopyPaused as err:
+            report.event(f"{vm}: post-copy still cannot resume: {err}", vm=vm, kind="error")
+            raise
+        except VmmgrError as err:  # e.g. no longer paused in post-copy: record what libvirt says
+            report.event(f"{vm}: post-copy recovery: {err}", vm=vm, kind="error")
+            record_truth(fleet, vm)
+            raise
+        stored(lambda: fleet.state.record("migrated", vm, result.as_dict()
+                                          | {"ended_at": time.time(), "started_at": started}))
+        stored(lambda: report.event(f"{vm}: post-copy resumed: {result.source} -> "
+                                    f"{result.target}", vm=vm, host=result.target))
+        return result.as_dict()
 
 
 def cancel(fleet: Fleet, report: Report, vm: str) -> dict:

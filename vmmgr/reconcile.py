@@ -17,7 +17,7 @@ from .guest import read_each
 
 
 def reconcile(fleet: Fleet, report) -> dict:
-    recovered = recover_cut_short(fleet, report)
+    recovered = recover_cut_short(fleet, report) + resume_postcopies(fleet, report)
     resumed = reclaim.resume_parked(fleet, report)
     rows = fleet.refresh_view()  # what libvirt and the storage say now (one pass over hosts)
     repaired = repair_records(fleet, report, rows)
@@ -25,6 +25,21 @@ def reconcile(fleet: Fleet, report) -> dict:
     snapshot_hosts(fleet)
     return {"recovered": recovered, "resumed": resumed, "repaired": repaired,
             "rerouted": rerouted}
+
+
+def resume_postcopies(fleet: Fleet, report) -> list[str]:
+    """Resume every migration a broken post-copy left paused on both hosts: each pass tries
+    once more, so the VM runs again as soon as the link is back."""
+    done = []
+    for vm, rec in fleet.state.vms().items():
+        if rec.get("state") != "postcopy-paused" or fleet.state.holder("vm", vm):
+            continue
+        try:
+            operations.resume_postcopy(fleet, report, vm)
+            done.append(vm)
+        except VmmgrError:
+            pass  # said in the event log; the next pass tries again
+    return done
 
 
 def recover_cut_short(fleet: Fleet, report) -> list[str]:
@@ -52,9 +67,9 @@ def repair_records(fleet: Fleet, report, rows: list[dict]) -> list[str]:
     records = state.vms()
     repaired = []
     for vm, (host, now) in truth.items():
-        if state.holder("vm", vm):
-            continue  # an operation is changing it right now
         rec = records.get(vm, {})
+        if state.holder("vm", vm) or rec.get("state") == "postcopy-paused":
+            continue  # an operation is changing it, or the post-copy recovery owns it
         if (rec.get("host"), rec.get("state")) != (host, now):
             was = f"{rec.get('state')} on {rec.get('host') or '-'}" if rec else "unrecorded"
             state.set_vm(vm, host=host, state=now, target="")

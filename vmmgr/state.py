@@ -104,9 +104,15 @@ class FleetState:
             status = "completed" if kind == "migrated" else "failed"
             self.add_migration(vm, {"status": status, **details})
             if kind == "migrated":
-                self.set_vm(vm, state="running", host=details["target"], target="")
+                self.set_vm(vm, state="running", host=details["target"], target="", source="",
+                            policy="", bandwidth="")
             else:  # a failed migration leaves the VM on its source
                 self.set_vm(vm, state="running", host=details["source"], target="")
+        elif kind == "postcopy_paused":  # paused on both hosts until the migration resumes
+            self.add_migration(vm, {"status": "postcopy-paused", **details})
+            self.set_vm(vm, state="postcopy-paused", host=details["target"],
+                        source=details["source"], target=details["target"],
+                        policy=details["policy"], bandwidth=details.get("bandwidth", 0))
         elif kind == "suspending":
             self.set_vm(vm, state="suspending")
         elif kind == "suspended":

@@ -130,3 +130,65 @@ def test_postcopy_recovers_when_the_link_breaks(make_vm, fleet, paths):
     before = wait_dirtier_passes(paths, "pcrec", 0)
     wait_dirtier_passes(paths, "pcrec", before + 3)
     assert_memory_intact(paths, "pcrec")
+
+
+def test_a_postcopy_left_paused_is_recorded_so_and_resumed_when_the_link_returns(
+        make_vm, fleet, paths, monkeypatch):
+    """Before: once its recovery attempts ran out, the VM stayed paused on both hosts, its record
+    said "running on the source", and nothing ever resumed it."""
+    from dataclasses import replace
+
+    from vmmgr import migration, operations, policy as pol
+    from vmmgr.errors import PostcopyPaused
+    from vmmgr.state import FleetState
+
+    from .test_tasks import wait_for
+
+    state = FleetState(paths.redis_url())
+    make_vm("pcpause", host="host1", workload="dirtier", memory=192, rate=64, mib=64)
+    wait_dirtier_passes(paths, "pcpause", 2)
+    monkeypatch.setitem(pol.POLICIES, "never-fail", replace(
+        pol.POLICIES["never-fail"], downtime_start_ms=300, downtime_steps=0,
+        postcopy_after_stall_s=0.5))
+    monkeypatch.setattr(migration, "POSTCOPY_RECOVERY_ATTEMPTS", 1)
+    # The link is down for every new connection from host1 to host2 (libvirtd's own included)
+    # and the migration stream is cut. The resets of the cut reach host2, as when a link comes
+    # back before host2 gave up: a destination that never hears of the break stays in post-copy
+    # (see the README's post-copy notes).
+    rule = ["-d", "10.77.0.12", "-p", "tcp", "-m", "conntrack", "--ctstate", "NEW", "-j",
+            "REJECT", "--reject-with", "tcp-reset"]
+    ipt = ["ip", "netns", "exec", "vmmgr-host1", "iptables"]
+    postcopy_polls, cut = [], []
+
+    class Report(operations.LocalReport):
+        def progress(self, progress):
+            if progress.phase == "postcopy":
+                postcopy_polls.append(progress)
+            if len(postcopy_polls) == 5 and not cut:  # a second into post-copy
+                subprocess.run([*ipt, "-I", "OUTPUT", *rule], check=True)
+                subprocess.run(["ip", "netns", "exec", "vmmgr-host1", "ss", "-K", "dst",
+                                "10.77.0.12"], check=True, capture_output=True)
+                cut.append(True)
+
+    try:
+        with pytest.raises(PostcopyPaused):
+            operations.migrate(fleet, Report(fleet), "pcpause", "host2", "never-fail", 8)
+        record = state.vm("pcpause")
+        assert record["state"] == "postcopy-paused", record  # not "running on host1"
+        assert (record["source"], record["target"]) == ("host1", "host2")
+        assert fleet.host("host1").find_guest("pcpause").postcopy_phase() == "failed"
+        time.sleep(12)  # a reconcile pass or more with the link down: it stays paused, recorded
+        assert state.vm("pcpause")["state"] == "postcopy-paused"
+    finally:
+        subprocess.run([*ipt, "-D", "OUTPUT", *rule], capture_output=True)
+    # The link is back: beat's reconcile resumes the same migration.
+    wait_for(lambda: state.vm("pcpause").get("state") == "running", 90,
+             lambda: [e["message"] for e in state.events(20, vm="pcpause")])
+    assert state.vm("pcpause")["host"] == "host2"
+    assert where_defined(fleet, "pcpause") == ["host2"]
+    assert fleet.locate("pcpause").state() == "running"
+    messages = [e["message"] for e in state.events(300, vm="pcpause")]
+    assert any("post-copy resumed: host1 -> host2" in m for m in messages), messages
+    before = wait_dirtier_passes(paths, "pcpause", 0)
+    wait_dirtier_passes(paths, "pcpause", before + 3)
+    assert_memory_intact(paths, "pcpause")

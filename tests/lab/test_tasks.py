@@ -22,9 +22,10 @@ def recent(n=50):
 
 
 def wait_for(check, timeout, what):
+    """Until `check()`; `what` says what did not happen (a callable: worked out on failure)."""
     deadline = time.monotonic() + timeout
     while not check():
-        assert time.monotonic() < deadline, what
+        assert time.monotonic() < deadline, what() if callable(what) else what
         time.sleep(0.3)
 
 

@@ -1,0 +1,418 @@
+"""Benchmark: faults injected on the lab, then a soak of consecutive moves.
+
+    ./run bench-faults [--runs N] [--moves M] [--only NAME ...]
+
+On the lab (a home per host, TLS), with a `dirtier` guest (its memory checked by the guest
+itself) and a counter guest (its console must count on without a gap) on host1: each fault
+strikes in the middle of an operation, N times (default 5), and the lab is repaired as an
+operator would (`lab up`). Once the fleet has settled (no lock, no libvirt job, nothing cut short
+on storage), each VM must run on exactly one host or be saved with a complete image and record
+(0 lost, 0 running twice, 0 left shut off or paused with no way back), its memory verified, the
+counter contiguous, and its record agreeing with libvirt within 30 s.
+
+Then the soak: M moves (default 500) of a dirtier VM round the lab, with a reclaim of its host and
+a suspend/resume every 50, memory verified every 10 moves; failures and blackouts reported.
+Writes bench/results/faults.json and faults.md.
+"""
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.lab.test_engine import dirtier_lines  # noqa: E402  (the guest's own verdicts)
+from vmmgr import console, operations, suspend, workloads  # noqa: E402
+from vmmgr.errors import MigrationFailed, VmmgrError  # noqa: E402
+from vmmgr.fleet import Fleet  # noqa: E402
+from vmmgr.images import ensure_builtin  # noqa: E402
+from vmmgr.lab import Lab  # noqa: E402
+from vmmgr.paths import lab_paths  # noqa: E402
+from vmmgr.spec import make_spec  # noqa: E402
+from vmmgr.state import FleetState  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+VMMGR = str(Path(sys.executable).parent / "vmmgr")
+DIRTY, COUNT = "fault-dirt", "fault-count"
+HOST2_IP = "10.77.0.12"
+FAULTS = {}
+
+
+def fault(name: str):
+    def register(fn):
+        FAULTS[name] = fn
+        return fn
+    return register
+
+
+class Lab3:
+    """The lab and what a fault needs of it."""
+
+    def __init__(self, lab: Lab, paths):
+        self.lab, self.paths = lab, paths
+        self.state = FleetState(paths.redis_url())
+
+    def cli(self, *args: str) -> str:
+        proc = subprocess.run([VMMGR, *args], capture_output=True, text=True, timeout=600,
+                              env=os.environ | {"VMMGR_HOME": str(self.paths.home)})
+        if proc.returncode:
+            raise RuntimeError(f"vmmgr {' '.join(args)}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def task_of(self, out: str) -> str:
+        return out.split()[-1]
+
+    def kill_worker_of(self, task_id: str) -> None:
+        worker = wait(lambda: self.state.task(task_id).get("worker"), 60, "task never started")
+        os.kill(self.lab.services().worker_pid(worker), signal.SIGKILL)
+
+    def link(self, up: bool, new_only: bool = False) -> None:
+        """host1 -> host2: every packet refused (or, `new_only`, new connections only)."""
+        rule = ["-d", HOST2_IP, "-p", "tcp", *(["-m", "conntrack", "--ctstate", "NEW"]
+                                               if new_only else []),
+                "-j", "REJECT", "--reject-with", "tcp-reset"]
+        ipt = ["ip", "netns", "exec", "vmmgr-host1", "iptables"]
+        if up:
+            subprocess.run([*ipt, "-D", "OUTPUT", *rule], capture_output=True)
+            return
+        subprocess.run([*ipt, "-I", "OUTPUT", *rule], check=True)
+        subprocess.run(["ip", "netns", "exec", "vmmgr-host1", "ss", "-K", "dst", HOST2_IP],
+                       capture_output=True)
+
+    def libvirtd_pid(self, host: str) -> int:
+        return next(s.libvirtd_pid for s in self.lab.status() if s.name == host)
+
+
+def wait(check, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.3)
+
+
+# ---- the faults ---------------------------------------------------------------------------
+
+@fault("worker SIGKILLed mid-save")
+def worker_mid_save(c: Lab3, fleet: Fleet) -> None:
+    task = c.task_of(c.cli("vm", "suspend", DIRTY, "--no-wait"))
+    wait(lambda: (c.paths.saves / DIRTY / "image.partial").exists(), 60, "no save began")
+    c.kill_worker_of(task)
+    c.lab.up(3)
+    wait(lambda: not suspend.cut_short(fleet) and suspend.find_suspended(fleet, DIRTY), 180,
+         "the cut-short save was not finished")
+    c.cli("vm", "resume", DIRTY, "--host", "host2")
+
+
+@fault("worker SIGKILLed mid-resume")
+def worker_mid_resume(c: Lab3, fleet: Fleet) -> None:
+    c.cli("vm", "suspend", DIRTY)
+    task = c.task_of(c.cli("vm", "resume", DIRTY, "--host", "host2", "--no-wait"))
+    wait(lambda: (c.paths.saves / DIRTY / "claim.json").exists()
+         or not (c.paths.saves / DIRTY).exists(), 60, "no resume began")
+    c.kill_worker_of(task)
+    c.lab.up(3)
+    wait(lambda: not suspend.cut_short(fleet) and not c.state.holder("vm", DIRTY), 180,
+         "the cut-short resume was not settled")
+    if suspend.find_suspended(fleet, DIRTY):  # it was undone: resume it now
+        c.cli("vm", "resume", DIRTY, "--host", "host2")
+
+
+@fault("worker SIGKILLed mid-migration")
+def worker_mid_migration(c: Lab3, fleet: Fleet) -> None:
+    task = c.task_of(c.cli("migrate", DIRTY, "--to", "host2", "--bandwidth", "20", "--no-wait"))
+    wait(lambda: c.state.vm(DIRTY).get("state") == "migrating", 60, "no migration began")
+    time.sleep(1)
+    c.kill_worker_of(task)
+    c.lab.up(3)
+
+
+@fault("link cut in pre-copy, restored 5 s later")
+def link_cut_precopy(c: Lab3, fleet: Fleet) -> None:
+    _cut_during(c, fleet, "precopy", new_only=False, expect=MigrationFailed)
+
+
+@fault("link cut in post-copy, restored 5 s later")
+def link_cut_postcopy(c: Lab3, fleet: Fleet) -> None:
+    # The cut's resets reach host2 (see the README's post-copy notes); the reconcile resumes.
+    _cut_during(c, fleet, "postcopy", new_only=True, expect=MigrationFailed)
+    wait(lambda: c.state.vm(DIRTY).get("state") == "running", 180,
+         "the reconcile did not resume the post-copy")
+
+
+@fault("destination libvirtd SIGKILLed in pre-copy")
+def dest_libvirtd_precopy(c: Lab3, fleet: Fleet) -> None:
+    pid = c.libvirtd_pid("host2")
+
+    class Report(operations.LocalReport):
+        polls = 0
+
+        def progress(self, progress):
+            Report.polls += 1
+            if Report.polls == 3:
+                os.kill(pid, signal.SIGKILL)
+
+    try:
+        operations.migrate(fleet, Report(fleet), DIRTY, "host2", None, 20)
+    except VmmgrError:
+        pass
+    c.lab.up(3)  # the operator's repair: host2 comes back
+
+
+@fault("Redis SIGKILLed mid-reclaim, back 5 s later")
+def redis_mid_reclaim(c: Lab3, fleet: Fleet) -> None:
+    task = c.task_of(c.cli("host", "reclaim", "host1", "--no-wait"))
+    wait(lambda: any(c.state.vm(v).get("state") in ("migrating", "suspending")
+                     for v in (DIRTY, COUNT)), 60, "the reclaim never started")
+    os.kill(c.lab.services().redis_pid(), signal.SIGKILL)
+    time.sleep(5)
+    c.lab.up(3)  # brings Redis back (its append-only file keeps the fleet's state)
+    wait(lambda: c.state.task(task).get("state") in ("SUCCESS", "FAILURE"), 300,
+         "the reclaim did not end")
+    c.cli("host", "enable", "host1")
+
+
+def _cut_during(c: Lab3, fleet: Fleet, phase: str, new_only: bool, expect) -> None:
+    from dataclasses import replace
+
+    from vmmgr import migration, policy as pol
+
+    saved = pol.POLICIES["never-fail"], migration.POSTCOPY_RECOVERY_ATTEMPTS
+    pol.POLICIES["never-fail"] = replace(saved[0], downtime_start_ms=300, downtime_steps=0,
+                                         postcopy_after_stall_s=0.5)
+    migration.POSTCOPY_RECOVERY_ATTEMPTS = 1
+    cut = []
+
+    class Report(operations.LocalReport):
+        def progress(self, progress):
+            if progress.phase == phase and not cut and progress.processed_bytes > 2 ** 20:
+                c.link(False, new_only)
+                cut.append(threading.Timer(5, c.link, (True, new_only)))
+                cut[0].start()
+
+    try:
+        operations.migrate(fleet, Report(fleet), DIRTY, "host2", "never-fail", 8)
+    except expect:
+        pass
+    finally:
+        pol.POLICIES["never-fail"], migration.POSTCOPY_RECOVERY_ATTEMPTS = saved
+        for timer in cut:
+            timer.join()
+        c.link(True, new_only)
+
+
+# ---- the verdict ------------------------------------------------------------------------------
+
+def settle(c: Lab3, vms: list[str], timeout: float = 120) -> None:
+    def quiet() -> bool:
+        with Fleet(c.paths) as f:
+            if suspend.cut_short(f) or any(c.state.holder("vm", v) for v in vms):
+                return False
+            try:
+                return not any(g.has_job() for v in vms for g in f.find_all(v))
+            except VmmgrError:
+                return False
+    wait(quiet, timeout, "the fleet did not settle")
+
+
+def verdict(c: Lab3, vm: str) -> dict:
+    with Fleet(c.paths) as f:
+        copies = f.find_all(vm)
+        active = [g for g in copies if g.is_active()]
+        running = [g for g in active if g.state() == "running"]
+        saved = suspend.find_suspended(f, vm)
+    out = {"vm": vm, "where": [f"{g.host_name}:{g.state()}" for g in copies],
+           "saved": bool(saved)}
+    if not copies and not saved:
+        out["outcome"] = "lost"
+    elif len(active) > 1 or (active and saved):
+        out["outcome"] = "twice"
+    elif not running and not saved:
+        out["outcome"] = "stopped"
+    else:
+        out["outcome"] = "ok"
+    if saved and saved.mode == "save":
+        image = c.paths.saves / vm / "image"
+        out["image_complete"] = image.read_bytes()[:16] == suspend.COMPLETE_MAGIC
+    host = running[0].host_name if running else ""
+    t0 = time.monotonic()
+
+    def agrees() -> bool:
+        rec = c.state.vm(vm)
+        return (rec.get("state"), rec.get("host", "")) == (
+            ("running", host) if host else ("suspended", ""))
+    try:
+        wait(agrees, 30, "records")
+        out["record_agrees_s"] = round(time.monotonic() - t0, 1)
+    except TimeoutError:
+        out["record_agrees_s"] = None
+    if running:
+        out["memory_ok"] = guest_ok(c, vm)
+    return out
+
+
+def guest_ok(c: Lab3, vm: str) -> bool:
+    """The dirtier passes on with no corruption and no restart; the counter counts on."""
+    if vm == COUNT:
+        seen = _ticks(c, vm)
+        wait(lambda: len(_ticks(c, vm)) >= len(seen) + 3, 60, "the counter stopped")
+        ticks = _ticks(c, vm)
+        return ticks == list(range(ticks[0], ticks[0] + len(ticks)))
+    passes = lambda: [int(l.split("pass=")[1].split()[0])  # noqa: E731
+                      for l in dirtier_lines(c.paths, vm) if "pass=" in l]
+    before = passes()[-1] if passes() else 0
+    wait(lambda: passes() and passes()[-1] >= before + 2, 90, "the dirtier stopped")
+    lines = dirtier_lines(c.paths, vm)
+    return (not [l for l in lines if l.startswith("CORRUPT") or ("pass=" in l and "corrupt=0" not in l)]
+            and sum(l.startswith("dirtier start") for l in lines) == 1)
+
+
+def _ticks(c: Lab3, vm: str) -> list[int]:
+    text = console.read(c.paths.consoles, vm).decode(errors="replace").replace("\r", "")
+    return [int(line.split()[1]) for line in text.splitlines() if line.startswith("tick ")]
+
+
+def create(fleet: Fleet, paths, image) -> None:
+    specs = {DIRTY: ("dirtier", 192, {"rate": "16", "mib": "48"}),
+             COUNT: ("counter", 128, {"interval": "0.2"})}
+    for name, (workload, memory, params) in specs.items():
+        if fleet.find(name) or fleet.is_suspended(name):
+            fleet.destroy(name)
+        fleet.create(make_spec(name, memory_mib=memory, vcpus=1, kernel=image.kernel,
+                               initrd=image.initrd, cmdline=workloads.cmdline(workload, params),
+                               image_root=paths.images, workload=workload), "host1")
+    time.sleep(8)  # booted, the dirtier past its first passes
+
+
+def run_faults(c: Lab3, image, names: list[str], runs: int) -> list[dict]:
+    rows = []
+    for name in names:
+        for i in range(runs):
+            with Fleet(c.paths) as fleet:
+                create(fleet, c.paths, image)
+                t0 = time.monotonic()
+                error = ""
+                try:
+                    FAULTS[name](c, fleet)
+                except Exception as err:  # the fault's own steps; the verdict still decides
+                    error = f"{type(err).__name__}: {err}"
+                try:
+                    settle(c, [DIRTY, COUNT])
+                except TimeoutError as err:
+                    error = error or str(err)
+            vms = [verdict(c, v) for v in (DIRTY, COUNT)]
+            row = {"fault": name, "run": i + 1, "seconds": round(time.monotonic() - t0, 1),
+                   "vms": vms, "error": error}
+            rows.append(row)
+            print(f"{name} #{i + 1}: " + "; ".join(
+                f"{v['vm']} {v['outcome']} {v['where'] or 'saved'} memory={v.get('memory_ok')} "
+                f"record={v['record_agrees_s']}s" for v in vms) + (f" ({error})" if error else ""),
+                flush=True)
+            with Fleet(c.paths) as fleet:
+                for v in (DIRTY, COUNT):
+                    if fleet.find(v) or fleet.is_suspended(v):
+                        fleet.destroy(v)
+                c.cli("host", "enable", "host1") if fleet.host("host1").record.state != "active" \
+                    else None
+    return rows
+
+
+def soak(c: Lab3, image, moves: int) -> dict:
+    ring = ["host1", "host2", "host3"]
+    blackouts, failures, checks = [], [], 0
+    with Fleet(c.paths) as fleet:
+        create(fleet, c.paths, image)
+        report = operations.LocalReport(fleet)
+        for i in range(1, moves + 1):
+            here = fleet.locate(DIRTY).host_name
+            target = ring[(ring.index(here) + 1) % 3]
+            try:
+                result = operations.migrate(fleet, report, DIRTY, target)
+                blackouts.append(result["downtime_ms"])
+            except VmmgrError as err:
+                failures.append(f"move {i}: {err}")
+            if i % 50 == 0:
+                try:
+                    host = fleet.locate(DIRTY).host_name
+                    operations.reclaim_host(fleet, report, host)
+                    operations.enable_host(fleet, report, host)
+                    operations.suspend(fleet, report, DIRTY)
+                    operations.resume(fleet, report, DIRTY)
+                except VmmgrError as err:
+                    failures.append(f"reclaim/suspend at {i}: {err}")
+            if i % 10 == 0:
+                checks += 1
+                if not guest_ok(c, DIRTY):
+                    failures.append(f"memory check after move {i} failed")
+            if i % 25 == 0:
+                print(f"soak: {i} moves, {len(failures)} failures", flush=True)
+        fleet.destroy(DIRTY)
+        fleet.destroy(COUNT)
+    done = sorted(b for b in blackouts if b is not None)
+    return {"moves": moves, "failures": failures, "memory_checks": checks,
+            "blackout_ms": {"p50": statistics.median(done) if done else None,
+                            "p99": done[int(0.99 * (len(done) - 1))] if done else None,
+                            "max": done[-1] if done else None}}
+
+
+def main() -> None:
+    args = argparse.ArgumentParser()
+    args.add_argument("--runs", type=int, default=5)
+    args.add_argument("--moves", type=int, default=500)
+    args.add_argument("--only", nargs="*", help="faults to run (default: all; 'none' for none)")
+    opts = args.parse_args()
+    names = [n for n in FAULTS if not opts.only or any(o.lower() in n.lower() for o in opts.only)]
+    paths = lab_paths()
+    lab = Lab(paths, log=lambda m: print(f"  {m}", flush=True))
+    started = not lab.running_hosts()
+    lab.up(3)
+    try:
+        c = Lab3(lab, paths)
+        image = ensure_builtin(paths.images)
+        rows = run_faults(c, image, names, opts.runs)
+        soaked = soak(c, image, opts.moves) if opts.moves else None
+    finally:
+        if started:
+            lab.down()
+    write(rows, soaked, opts.runs)
+
+
+def write(rows: list[dict], soaked: dict | None, runs: int) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "faults.json").write_text(json.dumps({"faults": rows, "soak": soaked}, indent=2)
+                                         + "\n")
+    md = ["# Faults on the lab", "",
+          "| fault | runs | ok | lost | twice | stopped | memory/console ok | records agree (max) "
+          "| time per run |", "|---|---|---|---|---|---|---|---|---|"]
+    for name in dict.fromkeys(r["fault"] for r in rows):
+        mine = [r for r in rows if r["fault"] == name]
+        vms = [v for r in mine for v in r["vms"]]
+        count = lambda o: sum(v["outcome"] == o for v in vms)  # noqa: E731
+        agree = [v["record_agrees_s"] for v in vms]
+        md.append(f"| {name} | {len(mine)} | {count('ok')}/{len(vms)} | {count('lost')} | "
+                  f"{count('twice')} | {count('stopped')} | "
+                  f"{sum(v.get('memory_ok', True) for v in vms)}/{len(vms)} | "
+                  f"{'never' if None in agree else f'{max(agree)} s'} | "
+                  f"{statistics.mean(r['seconds'] for r in mine):.0f} s |")
+    if soaked:
+        b = soaked["blackout_ms"]
+        md += ["", f"Soak: {soaked['moves']} moves of a dirtier round the lab (a reclaim and a "
+               f"suspend/resume every 50): {len(soaked['failures'])} failures, "
+               f"{soaked['memory_checks']} memory checks, blackout p50 {b['p50']} ms, p99 "
+               f"{b['p99']} ms, max {b['max']} ms."]
+        md += [f"- {f}" for f in soaked["failures"][:20]]
+    (RESULTS / "faults.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
