@@ -181,6 +181,32 @@ def redis_mid_reclaim(c: Lab3, fleet: Fleet) -> None:
     c.cli("host", "enable", "host1")
 
 
+@fault("two control nodes move one VM at once")
+def conflicting_requests(c: Lab3, fleet: Fleet) -> None:
+    env = os.environ | {"VMMGR_HOME": str(c.paths.home)}
+    procs = [subprocess.Popen([VMMGR, "migrate", DIRTY, "--to", target], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for target in ("host2", "host3")]
+    codes = [p.wait(timeout=300) for p in procs]
+    if sorted(codes) != [0, 4]:  # one moves it, the other is refused (busy), nothing else
+        raise RuntimeError(f"exit codes {codes}")
+
+
+@fault("two reconciles at once")
+def two_reconciles(c: Lab3, fleet: Fleet) -> None:
+    from tasks import client
+    from tasks.app import CONTROL_QUEUE, use_broker
+
+    use_broker(c.paths.redis_url())
+    operations.suspend(fleet, operations.LocalReport(fleet), DIRTY, parked=True)
+    ids = [client.submit(c.paths, "reconcile", {}, CONTROL_QUEUE, None) for _ in range(2)]
+    results = [client.wait(i) for i in ids]
+    resumed = [r for result in results for r in result.get("resumed", [])]
+    if len(resumed) > 1:
+        raise RuntimeError(f"resumed twice: {results}")
+    wait(lambda: not suspend.find_suspended(fleet, DIRTY), 60, "the parked VM was not resumed")
+
+
 def _cut_during(c: Lab3, fleet: Fleet, phase: str, new_only: bool, expect) -> None:
     from dataclasses import replace
 

@@ -202,6 +202,21 @@ def resume_postcopy(fleet: Fleet, vm: str, source: str, target: str, policy: Pol
             fleet.publish(vm)
 
 
+def adopt(fleet: Fleet, vm: str, target: str, policy: Policy,
+          on_progress: Callable[[JobProgress], None] | None = None,
+          poll_interval: float = 0.2) -> str | None:
+    """A migration of `vm` an earlier run started and left running in libvirt (a worker killed
+    mid-migration; libvirt carries on without its client) is steered by `policy` to its end, as
+    its own run would have: the same downtime steps, and the same timeouts counted from when the
+    job began, not waited out. Returns why the policy aborted it, None if it was not aborted."""
+    with fleet.lock_vm(vm, f"migration of {vm} to {target}") as lease:
+        guest = fleet.locate(vm)
+        if not guest.has_job():
+            return None
+        return _Migration(fleet, guest, target, policy, on_progress, poll_interval,
+                          lease).adopt()
+
+
 def require_live_migratable(guest) -> None:
     """A VM whose devices cannot be migrated never enters a live migration."""
     live, why = guest.live_migratable()
@@ -379,10 +394,33 @@ class _Migration:
 
         worker = threading.Thread(target=call, name=f"migrate-{self.guest.name}", daemon=True)
         worker.start()
-        while worker.is_alive():
+
+        def running() -> bool:
             worker.join(self.poll_interval)
-            if not worker.is_alive():
-                break
+            return worker.is_alive()
+
+        self._monitor(running, watch)
+        return outcome.get("error")
+
+    def adopt(self) -> str | None:
+        """Steer a migration job an earlier run left running in libvirt (its monitor died with
+        that run) until it ends, by this policy, its clock started when the job did. Returns
+        why the policy aborted it, if it did."""
+        stats = _active_job_stats(self.guest) or {}
+        elapsed = stats.get("time_elapsed", 0) / 1000
+        watch, _ = pol.start(self.policy, time.monotonic() - elapsed)
+        self._event(f"steering the migration an earlier run left running ({elapsed:.0f} s in)")
+
+        def running() -> bool:
+            time.sleep(self.poll_interval)
+            return _active_job_stats(self.guest) is not None
+
+        self._monitor(running, watch)
+        return self.policy_abort
+
+    def _monitor(self, running, watch: pol.Watch) -> None:
+        """Poll the job while `running()`: apply the policy's decisions, report progress."""
+        while running():
             stats = _active_job_stats(self.guest)
             if not stats:
                 continue
@@ -404,7 +442,6 @@ class _Migration:
                 warning = pol.warning(progress.dirty_rate_bps, progress.speed_bps,
                                       self.policy.auto_converge)
                 self._report(replace(progress, warning=warning))
-        return outcome.get("error")
 
     def _report(self, progress: JobProgress) -> None:
         """Progress is for the watchers: its store being away (a Redis outage) must not stop

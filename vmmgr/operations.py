@@ -15,10 +15,12 @@ from dataclasses import asdict
 from typing import Protocol
 
 from . import migration, reclaim, suspend as suspension
-from .errors import Conflict, HostUnreachable, NotFound, PostcopyPaused, VmmgrError
+from .errors import (Conflict, HostUnreachable, MigrationFailed, NotFound, PostcopyPaused,
+                     VmmgrError)
 from .fleet import Fleet
 from .inventory import HostRecord
 from .placement import choose_host
+from .render import address_of
 from .policy import get_policy
 from .spec import make_spec
 from .state import stored
@@ -83,8 +85,24 @@ def migrate(fleet: Fleet, report: Report, vm: str, target: str, policy: str | No
 
 
 def _migrate(fleet: Fleet, report: Report, vm: str, target: str, chosen) -> dict:
+    if report.rerun and fleet.locate(vm).has_job():
+        # The earlier run's migration goes on in libvirt without its monitor: steer it.
+        source, started = fleet.locate(vm).host_name, time.time()
+        aborted = migration.adopt(fleet, vm, target, chosen, on_progress=report.progress)
+        if aborted:
+            error = (f"migration of {vm} from {source} to {target} aborted by policy "
+                     f"{chosen.name}: {aborted}; the VM is still running on {source}")
+            fleet.state.record("migration_failed", vm, {
+                "source": source, "target": target, "error": error, "policy": chosen.name,
+                "started_at": started, "ended_at": time.time()})
+            report.event(f"{vm}: {error}", vm=vm, kind="error")
+            raise MigrationFailed(error)
     guest = _settled(fleet, vm, report)
     if guest.host_name == target and report.rerun:
+        # The earlier run's migration ended there: its address goes with it, its record too.
+        guest_address = address_of(guest.xml(inactive=True))
+        stored(lambda: fleet.route_address(guest_address, target))
+        stored(lambda: fleet.state.set_vm(vm, state="running", host=target, target=""))
         return {"vm": vm, "source": None, "target": target, "already_done": True}
     source = guest.host_name
     fleet.state.record("migrating", vm, {"target": target})

@@ -116,8 +116,11 @@ def _suspend(fleet: Fleet, vm: str, parked: bool, mode: str | None) -> Suspended
         try:
             guest.save(partial)
         except VmmgrError:
-            # libvirt leaves the guest running: nothing to undo but the partial file.
-            shutil.rmtree(d, ignore_errors=True)
+            # A failed save leaves the guest running: nothing to undo but the files. An error
+            # that only says the answer was lost (the connection broke) may hide a save libvirt
+            # finishes on its own: then the intent stays, for `recover` to settle.
+            if _running_idle(guest):
+                shutil.rmtree(d, ignore_errors=True)
             raise
         return _saved(d, guest, int((time.monotonic() - t0) * 1000))
 
@@ -358,6 +361,13 @@ def _recover_resume(fleet: Fleet, vm: str, d: Path, wait: float) -> str:
     host = fleet.host(guest.host_name)
     _resumed_on(fleet, host, d, None if guest.is_persistent() else guest.console_path())
     return f"the resume cut short had restored it on {host.name}: finished"
+
+
+def _running_idle(guest) -> bool:
+    try:
+        return guest.state() == "running" and not guest.has_job()
+    except VmmgrError:
+        return False
 
 
 def _complete(image: Path) -> bool:

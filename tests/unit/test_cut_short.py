@@ -260,3 +260,71 @@ def test_a_bandwidth_libvirt_cannot_take_is_refused_before_anything_starts():
     assert get_policy(None, MAX_BANDWIDTH_MIBPS).bandwidth_mibps == MAX_BANDWIDTH_MIBPS
     with pytest.raises(InvalidRequest, match="bandwidth must be at most"):
         get_policy(None, 2 ** 70)
+
+
+def test_a_migration_left_running_by_a_killed_run_is_steered_by_its_policy(tmp_path, mocker):
+    """Before: a rerun that found its predecessor's migration still running in libvirt waited
+    up to 600 s for it, whatever the policy's timeouts. Now it steers the job: "safe" gives up
+    at 300 s counted from when the job began, so a job 310 s old is aborted at once."""
+    from vmmgr.migration import _Migration
+    from vmmgr.policy import get_policy
+
+    job = {"type": 2, "time_elapsed": 310_000, "data_total": 200 * 2 ** 20,
+           "data_remaining": 150 * 2 ** 20, "memory_iteration": 3}
+    guest = mocker.Mock(host_name="h1")
+    guest.name = "vm1"
+    guest.job_stats.side_effect = lambda completed=False: (
+        {"type": 0} if guest.abort_job.called else job)
+    lease = mocker.Mock(lost=False)
+    migration = _Migration(mocker.Mock(), guest, "h2", get_policy("safe"), None, 0.01, lease)
+    assert migration.adopt() == "completion timeout (300 s)"
+    guest.abort_job.assert_called_once()
+    assert any("earlier run left running (310 s in)" in e for e in migration.events)
+
+
+def test_a_migration_left_running_within_its_limits_is_left_to_finish(tmp_path, mocker):
+    from vmmgr.migration import _Migration
+    from vmmgr.policy import get_policy
+
+    polls = iter([{"type": 2, "time_elapsed": 5_000, "data_total": 2 ** 27,
+                   "data_remaining": 2 ** 26, "memory_iteration": 1}] * 3 + [{"type": 0}] * 9)
+    guest = mocker.Mock(host_name="h1")
+    guest.name = "vm1"
+    guest.job_stats.side_effect = lambda completed=False: next(polls)
+    seen = []
+    migration = _Migration(mocker.Mock(), guest, "h2", get_policy("safe"), seen.append, 0.01,
+                           mocker.Mock(lost=False))
+    assert migration.adopt() is None
+    guest.abort_job.assert_not_called()
+    assert seen and seen[0].remaining_bytes == 2 ** 26  # its progress reported as it went
+
+
+def test_a_save_whose_answer_was_lost_keeps_its_intent_for_recovery(tmp_path, mocker):
+    """The save call failing is not the save failing: with the connection gone, libvirt may be
+    finishing it. Only a guest seen running with no job is a save that failed."""
+    from vmmgr.errors import HostUnreachable
+
+    guest = FakeGuest("vm1", "h1")
+    guest.xml = lambda **kw: DOMAIN
+    guest.live_migratable = lambda: (True, "")
+    guest.memory_mib, guest.vcpus = lambda: 256, lambda: 1
+    guest.device_needs = lambda: ("", 0)
+
+    def lost(path):
+        guest.job = True  # libvirt goes on saving
+        raise HostUnreachable("connection to h1 lost")
+
+    guest.save = lost
+    fleet = FakeFleet(tmp_path, FakeHost("h1", guest))
+    fleet.locate = lambda vm: guest
+    fleet.lock_vm = mocker.MagicMock()
+    with pytest.raises(HostUnreachable):
+        suspend._suspend(fleet, "vm1", parked=False, mode="save")
+    assert suspend.cut_short(fleet) == ["vm1"]  # the intent stays for `recover`
+
+    guest.job = False
+    guest.save = mocker.Mock(side_effect=HostUnreachable("refused"))
+    fleet.paths.saves = tmp_path / "saves2"
+    with pytest.raises(HostUnreachable):
+        suspend._suspend(fleet, "vm1", parked=False, mode="save")
+    assert suspend.cut_short(fleet) == [] and not (tmp_path / "saves2" / "vm1").exists()
