@@ -68,6 +68,10 @@ class Lab3:
     def task_of(self, out: str) -> str:
         return out.split()[-1]
 
+    def task_state(self, task_id: str) -> str | None:
+        tasks = json.loads(self.cli("tasks", "--limit", "50", "--json"))
+        return next((t["state"] for t in tasks if t["id"] == task_id), None)
+
     def kill_worker_of(self, task_id: str) -> None:
         worker = wait(lambda: self.state.task(task_id).get("worker"), 60, "task never started")
         os.kill(self.lab.services().worker_pid(worker), signal.SIGKILL)
@@ -176,8 +180,7 @@ def redis_mid_reclaim(c: Lab3, fleet: Fleet) -> None:
     os.kill(c.lab.services().redis_pid(), signal.SIGKILL)
     time.sleep(5)
     c.lab.up(3)  # brings Redis back (its append-only file keeps the fleet's state)
-    wait(lambda: c.state.task(task).get("state") in ("SUCCESS", "FAILURE"), 300,
-         "the reclaim did not end")
+    wait(lambda: c.task_state(task) in ("SUCCESS", "FAILURE"), 300, "the reclaim did not end")
     c.cli("host", "enable", "host1")
 
 
@@ -216,11 +219,13 @@ def _cut_during(c: Lab3, fleet: Fleet, phase: str, new_only: bool, expect) -> No
     pol.POLICIES["never-fail"] = replace(saved[0], downtime_start_ms=300, downtime_steps=0,
                                          postcopy_after_stall_s=0.5)
     migration.POSTCOPY_RECOVERY_ATTEMPTS = 1
-    cut = []
+    cut, polls = [], []
 
     class Report(operations.LocalReport):
         def progress(self, progress):
-            if progress.phase == phase and not cut and progress.processed_bytes > 2 ** 20:
+            polls.append(progress.phase)
+            # a second into the phase (post-copy is asked for before QEMU switches to it)
+            if polls.count(phase) == 5 and not cut:
                 c.link(False, new_only)
                 cut.append(threading.Timer(5, c.link, (True, new_only)))
                 cut[0].start()

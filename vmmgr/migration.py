@@ -336,7 +336,8 @@ class _Migration:
                  first: bool = True) -> Exception | None:
         error = self._call_and_monitor(params, flags, watch)
         attempts = 0 if first else POSTCOPY_RECOVERY_ATTEMPTS  # a later try is one call
-        while error is not None and self.postcopy_started and attempts < POSTCOPY_RECOVERY_ATTEMPTS:
+        while (error is not None and self._in_postcopy()
+               and attempts < POSTCOPY_RECOVERY_ATTEMPTS):
             # The link broke during post-copy: the VM's memory is split between the hosts, so the
             # only way forward is to resume the same migration once the link is back.
             attempts += 1
@@ -346,6 +347,17 @@ class _Migration:
                 params, flags | libvirt.VIR_MIGRATE_POSTCOPY_RESUME,
                 pol.Watch(started=time.monotonic(), postcopy=True))
         return error
+
+    def _in_postcopy(self) -> bool:
+        """Whether the source is in post-copy now: asked for is not switched to (QEMU switches
+        at the end of a pass), and a migration cut before the switch is an ordinary failure,
+        the VM running on its source."""
+        if not self.postcopy_started:
+            return False
+        try:
+            return self.guest.postcopy_phase() is not None
+        except VmmgrError:
+            return True  # the source does not answer: assume the worst, keep the VM's memory
 
     def _break_off_destination(self) -> Exception | None:
         """Before a post-copy is resumed both sides must know it broke. A destination that never
@@ -489,7 +501,7 @@ class _Migration:
         where = "still running on" if _is_active(self.guest) else "NOT running on"
         what = f"migration of {self.guest.name} from {self.source} to {self.target}"
         tail = f"the VM is {where} {self.source}"
-        if self.postcopy_started:
+        if self._in_postcopy():
             raise PostcopyPaused(
                 f"{what} broke in post-copy and could not be resumed ({_words(error)}); its memory is split between the hosts, so "
                 f"it stays paused on both until the link is back and the migration is resumed "
