@@ -370,8 +370,8 @@ def run_faults(c: Lab3, image, names: list[str], runs: int) -> list[dict]:
                 for v in (DIRTY, COUNT):
                     if fleet.find(v) or fleet.is_suspended(v):
                         fleet.destroy(v)
-                c.cli("host", "enable", "host1") if fleet.host("host1").record.state != "active" \
-                    else None
+                if fleet.host("host1").record.state != "active":  # a reclaim emptied it
+                    c.cli("host", "enable", "host1")
     return rows
 
 
