@@ -172,6 +172,24 @@ def dest_libvirtd_precopy(c: Lab3, fleet: Fleet) -> None:
     c.lab.up(3)  # the operator's repair: host2 comes back
 
 
+@fault("source libvirtd SIGKILLed in pre-copy, restarted")
+def source_libvirtd_precopy(c: Lab3, fleet: Fleet) -> None:
+    class Report(operations.LocalReport):
+        polls = 0
+
+        def progress(self, progress):
+            Report.polls += 1
+            if Report.polls == 3:
+                os.kill(c.libvirtd_pid("host1"), signal.SIGKILL)
+
+    try:
+        operations.migrate(fleet, Report(fleet), DIRTY, "host2", None, 20)
+    except VmmgrError:
+        pass
+    time.sleep(2)
+    c.lab.restart_libvirtd("host1")  # as systemd restarts it; its QEMUs ran on meanwhile
+
+
 @fault("Redis SIGKILLed mid-reclaim, back 5 s later")
 def redis_mid_reclaim(c: Lab3, fleet: Fleet) -> None:
     task = c.task_of(c.cli("host", "reclaim", "host1", "--no-wait"))
@@ -352,8 +370,8 @@ def run_faults(c: Lab3, image, names: list[str], runs: int) -> list[dict]:
                 for v in (DIRTY, COUNT):
                     if fleet.find(v) or fleet.is_suspended(v):
                         fleet.destroy(v)
-                c.cli("host", "enable", "host1") if fleet.host("host1").record.state != "active" \
-                    else None
+                if fleet.host("host1").record.state != "active":  # a reclaim emptied it
+                    c.cli("host", "enable", "host1")
     return rows
 
 

@@ -361,6 +361,25 @@ class Lab:
             self.pki.install_host(d / "pki", h.name, h.ip)
         if self._caps_cache().is_dir():
             shutil.copytree(self._caps_cache(), d / "cache" / CAPS, dirs_exist_ok=True)
+        self._spawn_libvirtd(h)
+
+    def restart_libvirtd(self, name: str) -> None:
+        """Kill the host's libvirtd (if it runs) and start it again, its VMs' QEMUs running on:
+        a daemon crash and its restart by systemd on a real host, which `up` (rebuilding a
+        broken host, QEMUs and all) is not."""
+        h = next(h for h in self.running_hosts(include_broken=True) if h.name == name)
+        pid = self._libvirtd_pid(h)
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while self._libvirtd_pid(h) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        self._spawn_libvirtd(h)
+        if not self._answers_within(h, FIRST_START_TIMEOUT):
+            raise VmmgrError(f"{name}: libvirtd did not come back: {self._diagnosis(h)}")
+
+    def _spawn_libvirtd(self, h: LabHost) -> None:
+        ns, d = h.namespace, self._host_dir(h)
         binds = " ".join(
             [f"{d / sub}:{target}" for sub, target in LIBVIRT_DIRS.items()]
             + [f"{d / 'hosts'}:/etc/hosts"]

@@ -90,7 +90,11 @@ class FleetState:
         return self.r.hgetall(P + f"vm:{name}")
 
     def vms(self) -> dict[str, dict]:
-        return {n: self.vm(n) for n in sorted(self.r.smembers(P + "vms"))}
+        names = sorted(self.r.smembers(P + "vms"))
+        pipe = self.r.pipeline(transaction=False)  # one round trip, not one per VM
+        for name in names:
+            pipe.hgetall(P + f"vm:{name}")
+        return dict(zip(names, pipe.execute()))
 
     def forget_vm(self, name: str) -> None:
         self.r.delete(P + f"vm:{name}")
