@@ -495,13 +495,15 @@ class _Migration:
         return text
 
     def _fail(self, error: Exception, segment) -> None:
-        _drop_if_empty(segment)
+        in_postcopy = self._in_postcopy()
+        if not in_postcopy:  # the destination's QEMU is gone; in post-copy it writes there still
+            _drop_if_empty(segment)
         if self.paused and _is_active(self.guest) and self.guest.state() == "paused":
             self.guest.resume()  # a pause we ordered must not outlive the attempt
         where = "still running on" if _is_active(self.guest) else "NOT running on"
         what = f"migration of {self.guest.name} from {self.source} to {self.target}"
         tail = f"the VM is {where} {self.source}"
-        if self._in_postcopy():
+        if in_postcopy:
             raise PostcopyPaused(
                 f"{what} broke in post-copy and could not be resumed ({_words(error)}); its memory is split between the hosts, so "
                 f"it stays paused on both until the link is back and the migration is resumed "

@@ -192,3 +192,5 @@ def test_a_postcopy_left_paused_is_recorded_so_and_resumed_when_the_link_returns
     before = wait_dirtier_passes(paths, "pcpause", 0)
     wait_dirtier_passes(paths, "pcpause", before + 3)
     assert_memory_intact(paths, "pcpause")
+    # Its console goes on in host2's segment, kept through the break (the QEMU there writes it).
+    assert console.hosts_seen(paths.consoles, "pcpause") == ["host1", "host2"]
