@@ -20,8 +20,8 @@ from .errors import (Conflict, HostUnreachable, MigrationFailed, NotFound, Postc
 from .fleet import Fleet
 from .inventory import HostRecord
 from .placement import choose_host
-from .render import address_of
 from .policy import get_policy
+from .render import address_of
 from .spec import make_spec
 from .state import stored
 
