@@ -85,9 +85,10 @@ def migrate(fleet: Fleet, report: Report, vm: str, target: str, policy: str | No
 
 
 def _migrate(fleet: Fleet, report: Report, vm: str, target: str, chosen) -> dict:
-    if report.rerun and fleet.locate(vm).has_job():
+    orphan = fleet.locate(vm) if report.rerun else None
+    if orphan is not None and orphan.has_job():
         # The earlier run's migration goes on in libvirt without its monitor: steer it.
-        source, started = fleet.locate(vm).host_name, time.time()
+        source, started = orphan.host_name, time.time()
         aborted = migration.adopt(fleet, vm, target, chosen, on_progress=report.progress)
         if aborted:
             error = (f"migration of {vm} from {source} to {target} aborted by policy "
