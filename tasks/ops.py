@@ -14,7 +14,7 @@ from vmmgr.locks import Lease
 from vmmgr.paths import default_paths
 
 from .app import app
-from .runtime import LockSpec, Run, state
+from .runtime import LockSpec, Run, run_once, state
 
 
 def operation(name: str):
@@ -22,8 +22,10 @@ def operation(name: str):
 
 
 def _run(task, lock: LockSpec | None, op: str, **kwargs) -> dict:
-    with Run(task, lock) as run, Fleet(default_paths(), run.id) as fleet:
-        return operations.OPERATIONS[op](fleet, run, **kwargs)
+    def body(run):
+        with Fleet(default_paths(), run.id) as fleet:
+            return operations.OPERATIONS[op](fleet, run, **kwargs)
+    return run_once(task, lock, body)
 
 
 @operation("create")

@@ -8,6 +8,7 @@ unacknowledged message once its entry in the unacked index is older than the vis
 so refreshing that entry means "still working on it".
 """
 
+import json
 import logging
 import os
 import socket
@@ -17,10 +18,10 @@ from dataclasses import dataclass
 
 from celery.signals import task_received, worker_ready
 
-from vmmgr import view
+from vmmgr import errors, view
 from vmmgr.locks import Lease
 from vmmgr.paths import default_paths
-from vmmgr.state import FleetState
+from vmmgr.state import FleetState, stored
 
 from .app import UNACKED_INDEX, VISIBILITY_TIMEOUT
 
@@ -57,6 +58,45 @@ def state() -> FleetState:
     return FleetState(default_paths().redis_url() or "redis://localhost:6379/0")
 
 
+def run_once(task, lock: "LockSpec | None", body):
+    """`body(run)` as a run of `task`, unless a run has already ended it.
+
+    A message comes back when its acknowledgement is lost: a broker restart drops the
+    connection a finished task would have acknowledged on. Running it again could undo what
+    came after it (a reclaim emptying a host re-enabled since), so the redelivered message
+    answers with the outcome recorded when the task ended. A run that died mid-way recorded
+    nothing, and runs again.
+    """
+    task_id = task.request.id
+    ended = state().task(task_id).get("outcome")
+    if ended:
+        state().event(f"task {task_id} had already ended: its redelivered message is not run",
+                      task=task_id)
+        return replay(json.loads(ended))
+    with Run(task, lock) as run:
+        try:
+            result = body(run)
+        except Exception as err:
+            run.ended({"error": type(err).__name__, "message": str(err)})
+            raise
+        run.ended({"result": result})
+        return result
+
+
+def replay(outcome: dict):
+    """The recorded outcome again: the result, or the error (as the operator's kind of error)."""
+    if "result" in outcome:
+        return outcome["result"]
+    kind = getattr(errors, outcome["error"], None)
+    if isinstance(kind, type) and issubclass(kind, errors.VmmgrError):
+        try:
+            error = kind(outcome["message"])
+        except TypeError:  # a class that needs more than its message to build
+            error = errors.VmmgrError(outcome["message"])
+        raise error
+    raise RuntimeError(f"{outcome['error']}: {outcome['message']}")
+
+
 @dataclass(frozen=True)
 class LockSpec:
     kind: str  # "vm", "host" or "fleet"
@@ -87,6 +127,14 @@ class Run:
         if self.rerun:
             self.event(f"run {runs} of this task: checking what the earlier run did")
         return self
+
+    def ended(self, outcome: dict) -> None:
+        # Before Celery stores the result and acknowledges: an outage delays this, never loses
+        # it. If the store stays away, a redelivery runs again, as any rerun does.
+        try:
+            stored(lambda: self.state.task_ended(self.id, outcome))
+        except Exception:
+            pass
 
     def __exit__(self, *exc) -> None:
         self._stop.set()

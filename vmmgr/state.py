@@ -205,6 +205,12 @@ class FleetState:
                                                     "started": f"{time.time():.3f}"})
         return self.r.hincrby(P + f"task:{task_id}", "runs", 1)
 
+    def task_ended(self, task_id: str, outcome: dict) -> None:
+        """Record how a task's run ended it (`{"result": ...}` or `{"error": ..., "message":
+        ...}`): a redelivered copy of its message answers with this instead of running again."""
+        self.r.hset(P + f"task:{task_id}", mapping={"ended": f"{time.time():.3f}",
+                                                    "outcome": json.dumps(outcome)})
+
     def task(self, task_id: str) -> dict:
         return self.r.hgetall(P + f"task:{task_id}")
 
