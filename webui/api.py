@@ -11,7 +11,7 @@ from vmmgr import overview, requests
 from vmmgr.errors import InvalidRequest, NotFound
 from vmmgr.spec import validate_name
 
-from . import backend
+from . import backend, redact
 from .auth import api_role
 from .openapi import document
 
@@ -73,7 +73,7 @@ def openapi():
 @api_role("viewer")
 def list_hosts():
     with backend.fleet() as fleet:
-        return jsonify(overview.host_rows(fleet))
+        return jsonify(redact.hosts(overview.host_rows(fleet)))
 
 
 @bp.get("/hosts/<name>")
@@ -82,7 +82,7 @@ def get_host(name):
     validate_name(name, "host")
     with backend.fleet() as fleet:
         fleet.host(name)  # NotFound for an unknown host
-        return jsonify(next(r for r in overview.host_rows(fleet) if r["name"] == name))
+        return jsonify(redact.hosts([r for r in overview.host_rows(fleet) if r["name"] == name])[0])
 
 
 @bp.post("/hosts/<name>/drain")
@@ -145,7 +145,7 @@ def get_vm(name):
     with backend.fleet() as fleet:
         row = overview.vm_row(fleet, name)
     return jsonify(row | {"operation": backend.operation(name),
-                          "migrations": backend.state().migrations(name)})
+                          "migrations": redact.records(backend.state().migrations(name))})
 
 
 @bp.delete("/vms/<name>")
@@ -168,7 +168,7 @@ def vm_migrations(name):
     validate_name(name)
     with backend.fleet() as fleet:
         overview.vm_row(fleet, name)  # NotFound for an unknown VM
-    return jsonify(backend.state().migrations(name))
+    return jsonify(redact.records(backend.state().migrations(name)))
 
 
 @bp.post("/vms/<name>/migrate")
@@ -217,7 +217,7 @@ def get_task(task_id):
     status = backend.task_status(task_id) if len(task_id) <= 64 else None
     if status is None:
         raise NotFound(f"unknown task {task_id!r}")
-    return jsonify(status)
+    return jsonify(redact.records([status])[0])
 
 
 @bp.get("/events")

@@ -1,6 +1,7 @@
 """The console's one door to the fleet: Fleet and the fleet view (both in the store, Redis) for
 what is, the task API for what to do, FleetState for records, progress and events."""
 
+import codecs
 import json
 import time
 from collections.abc import Iterator
@@ -114,13 +115,10 @@ def progress_stream(vm: str) -> Iterator[dict]:
 
 def console_stream(vm: str, tail: int = 65536) -> Iterator[str]:
     """The VM's serial output as text: the last `tail` bytes written so far, then what follows,
-    across every host the VM moves to."""
-    consoles = paths().consoles
+    across every host the VM moves to. A viewer costs a chunk of memory, not the log's size."""
     deadline = time.monotonic() + current_app.config["SSE_MAX_SECONDS"]
-    skip = max(0, len(console.read(consoles, vm)) - tail)
-    for chunk in console.follow(consoles, vm, stop=lambda: time.monotonic() > deadline):
-        if skip:
-            cut = min(skip, len(chunk))
-            chunk, skip = chunk[cut:], skip - cut
-        if chunk:
-            yield chunk.decode("utf-8", "replace")
+    text = codecs.getincrementaldecoder("utf-8")("replace")  # a character may span two reads
+    for chunk in console.follow(paths().consoles, vm, tail=tail,
+                                stop=lambda: time.monotonic() > deadline):
+        if decoded := text.decode(chunk):
+            yield decoded

@@ -33,7 +33,7 @@ SCHEMAS = {
                   "devices": {"type": "array", "items": _obj(
                       {"address": STR, "model": STR, "kind": STR}, ["address", "model", "kind"])},
                   "free_devices": {"type": "array", "items": STR}},
-                 ["name", "uri", "accel", "state", "reachable"]),
+                 ["name", "accel", "state", "reachable"]),  # no uri for viewers
     "MovesBy": _obj({"mode": {"type": "string", "enum": [
         "live migration", "guest hibernation", "suspend to disk", "resume"]}, "reason": STR},
                     ["mode", "reason"]),

@@ -18,7 +18,7 @@ from vmmgr.policy import DEFAULT_POLICY, POLICIES
 from vmmgr.spec import validate_name
 from vmmgr.workloads import WORKLOADS
 
-from . import backend
+from . import backend, redact
 from .auth import page_role
 
 bp = Blueprint("pages", __name__)
@@ -30,7 +30,7 @@ VM_PAGE = 500  # rows on the VMs page; the rest a link away
 def fleet():
     with backend.fleet() as f:
         views = f.state.vm_views()
-        hosts = overview.host_rows(f, views)
+        hosts = redact.hosts(overview.host_rows(f, views))
         # The page lists each host's VMs by name; only the parked ones need a full row.
         parked = overview.vm_rows(f, hosts, [v for v in views if v["host"] == "-"])
     return render_template("fleet.html", hosts=hosts, vms=parked, vm_links=_vm_links(hosts))
@@ -74,7 +74,7 @@ def vm(name):
         hosts = [h["name"] for h in overview.host_rows(f)]
     st = backend.state()
     return render_template("vm.html", vm=row, targets=targets, hosts=hosts,
-                           migrations=list(reversed(st.migrations(name))),
+                           migrations=redact.records(list(reversed(st.migrations(name)))),
                            operation=backend.operation(name), events=st.events(200, vm=name)[-20:],
                            policies=POLICIES, default_policy=DEFAULT_POLICY)
 
@@ -86,7 +86,7 @@ def vm_summary(name):
     with backend.fleet() as f:
         row = overview.vm_row(f, name)
     return render_template("vm_summary.html", vm=row,
-                           migrations=list(reversed(backend.state().migrations(name))))
+                           migrations=redact.records(list(reversed(backend.state().migrations(name)))))
 
 
 @bp.get("/events")
@@ -109,8 +109,14 @@ def _sse(chunks) -> Response:
 @bp.get("/vms/<name>/progress")
 @page_role("viewer")
 def vm_progress(name):
-    backend.broker_url()
-    return _sse(backend.progress_stream(name))
+    # Only for a VM that exists or has an operation (one being created): a stream held open
+    # for any name would let a few viewers tie up the server's threads.
+    if not (backend.operation(name) or backend.last_operation(name)):
+        with backend.fleet() as f:
+            if f.find(name) is None and not f.is_suspended(name):
+                raise NotFound(f"unknown VM {name!r}")
+    return _sse(snap | {"operation": redact.records([snap["operation"]])[0]}
+                if snap["operation"] else snap for snap in backend.progress_stream(name))
 
 
 @bp.get("/vms/<name>/console")
@@ -142,8 +148,9 @@ def _int(field: str, default: int | None) -> int | None:
     raw = request.form.get(field, "").strip()
     if not raw:
         return default
-    if not raw.isdigit():
-        raise InvalidRequest(f"{field} must be a whole number, not {raw!r}")
+    # ASCII digits only: isdigit() lets a superscript two through, which int() then refuses
+    if not (raw.isascii() and raw.isdecimal()) or len(raw) > 9:
+        raise InvalidRequest(f"{field} must be a whole number, not {raw[:20]!r}")
     return int(raw)
 
 

@@ -1,5 +1,7 @@
 """`vmmgr user ...` (the web console's users and API tokens) and `vmmgr web` (the console)."""
 
+import time
+
 import click
 
 from .. import display
@@ -18,7 +20,8 @@ def user() -> None:
 @click.option("--role", type=click.Choice(ROLES), default="viewer", show_default=True)
 @click.option("--password", prompt=True, hide_input=True, confirmation_prompt=True,
               envvar="VMMGR_PASSWORD", help="Prompted for when not given (or $VMMGR_PASSWORD).")
-@click.option("--replace", is_flag=True, help="Overwrite an existing user's password and role.")
+@click.option("--replace", is_flag=True, help="Overwrite an existing user's password and role; "
+              "this ends every session and API token the user had.")
 @click.pass_obj
 def user_add(paths: Paths, name: str, role: str, password: str, replace: bool) -> None:
     """Add a user (e.g. the first admin: `vmmgr user add admin --role admin`)."""
@@ -50,12 +53,34 @@ def user_token(paths: Paths, name: str, label: str) -> None:
     click.echo(Users(paths.users).new_token(name, label))
 
 
+@user.command("tokens")
+@click.argument("name")
+@click.pass_obj
+def user_tokens(paths: Paths, name: str) -> None:
+    """List NAME's API tokens (their ids and labels; the tokens themselves are never kept)."""
+    rows = [[t["id"], t["label"], time.strftime("%Y-%m-%d %H:%M", time.localtime(t["created"])) if t["created"] else "-"]
+            for t in Users(paths.users).tokens(name)]
+    click.echo(display.table(["id", "label", "created"], rows))
+
+
+@user.command("revoke-token")
+@click.argument("name")
+@click.argument("token_id")
+@click.pass_obj
+def user_revoke_token(paths: Paths, name: str, token_id: str) -> None:
+    """Revoke one of NAME's API tokens by its id (`vmmgr user tokens NAME`); the others work on."""
+    Users(paths.users).revoke_token(name, token_id)
+    click.echo(f"token {token_id} of {name} revoked")
+
+
 @cli.command()
 @click.option("--bind", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True)
 @click.pass_obj
 def web(paths: Paths, bind: str, port: int) -> None:
-    """Serve the web console (lab and development; production: gunicorn, see README)."""
+    """Serve the web console over plain HTTP (lab and development; production: gunicorn behind
+    TLS, see README)."""
     from webui import create_app
 
-    create_app(paths).run(host=bind, port=port, threaded=True)
+    # Plain HTTP: a Secure session cookie would never come back.
+    create_app(paths, SESSION_COOKIE_SECURE=False).run(host=bind, port=port, threaded=True)
