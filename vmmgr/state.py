@@ -15,6 +15,7 @@ from functools import cached_property
 import orjson
 import redis
 
+from . import metrics
 from .errors import Conflict
 
 P = "vmmgr:"
@@ -107,6 +108,9 @@ class FleetState:
         elif kind in ("migrated", "migration_failed"):
             status = "completed" if kind == "migrated" else "failed"
             self.add_migration(vm, {"status": status, **details})
+            pipe = self.r.pipeline(transaction=False)
+            metrics.migration(pipe, status, details)
+            pipe.execute()
             if kind == "migrated":
                 self.set_vm(vm, state="running", host=details["target"], target="", source="",
                             policy="", bandwidth="")

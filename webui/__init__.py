@@ -12,7 +12,7 @@ from flask import Flask, request
 
 from vmmgr.paths import Paths, default_paths
 
-from . import api, auth, pages
+from . import api, auth, metrics, pages
 from .errors import register_error_handlers
 from .fastjson import OrjsonProvider
 
@@ -38,6 +38,7 @@ def create_app(paths: Paths | None = None, **config) -> Flask:
     app.register_blueprint(auth.bp)
     app.register_blueprint(pages.bp)
     app.register_blueprint(api.bp)
+    app.register_blueprint(metrics.bp)
     auth.csrf.exempt(api.bp)  # the REST API authenticates by bearer token, never by cookie
     register_error_handlers(app)
     app.after_request(_security_headers)

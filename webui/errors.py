@@ -51,7 +51,7 @@ def error_body(status: int, code: str, message: str):
 
 
 def _is_api() -> bool:
-    return request.path.startswith("/api/")
+    return request.path.startswith("/api/") or request.path == "/metrics"
 
 
 def register_error_handlers(app: Flask) -> None:
