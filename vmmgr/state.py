@@ -22,6 +22,8 @@ P = "vmmgr:"
 EVENTS_KEPT = 10_000
 TASKS_KEPT = 500
 MIGRATIONS_KEPT = 100  # attempts per VM
+USAGE = P + "usage"  # every VM state change, for usage metering (vmmgr.usage)
+USAGE_KEPT = 1_000_000  # entries (~100 bytes each)
 
 # Compare-and-act on a lock's owner in one step, so a late or duplicate worker never extends or
 # frees a lock that has since passed to someone else.
@@ -82,10 +84,26 @@ class FleetState:
 
     # ---- VMs ----------------------------------------------------------------------------
 
-    def set_vm(self, name: str, **fields) -> None:
-        fields["updated"] = f"{time.time():.3f}"
-        self.r.hset(P + f"vm:{name}", mapping={k: _str(v) for k, v in fields.items()})
-        self.r.sadd(P + "vms", name)
+    def set_vm(self, name: str, usage: str | None = None, **fields) -> None:
+        """Change the VM's record; a change of state is also appended to the usage stream (as
+        `usage` where the state alone does not say how it is billed: parked, hibernated)."""
+        now = time.time()
+        fields["updated"] = f"{now:.3f}"
+        if usage is None and fields.get("state") in ("suspended", "resuming"):
+            # still saved: billed as it was saved (its suspend said how), whoever records it
+            usage = (fields.get("saved_as") or self.r.hget(P + f"vm:{name}", "saved_as")
+                     or "suspended")
+        pipe = self.r.pipeline()  # MULTI: the record and its usage entry land together
+        pipe.hset(P + f"vm:{name}", mapping={k: _str(v) for k, v in fields.items()})
+        pipe.sadd(P + "vms", name)
+        if "state" in fields:
+            pipe.xadd(USAGE, {"time": f"{now:.3f}", "vm": name,
+                              "state": usage or fields["state"]},
+                      maxlen=USAGE_KEPT, approximate=True)
+        pipe.execute()
+
+    def usage_entries(self) -> list[dict]:
+        return [fields for _, fields in self.r.xrange(USAGE)]
 
     def vm(self, name: str) -> dict:
         return self.r.hgetall(P + f"vm:{name}")
@@ -98,8 +116,12 @@ class FleetState:
         return dict(zip(names, pipe.execute()))
 
     def forget_vm(self, name: str) -> None:
-        self.r.delete(P + f"vm:{name}")
-        self.r.srem(P + "vms", name)
+        pipe = self.r.pipeline()
+        pipe.delete(P + f"vm:{name}")
+        pipe.srem(P + "vms", name)
+        pipe.xadd(USAGE, {"time": f"{time.time():.3f}", "vm": name, "state": "gone"},
+                  maxlen=USAGE_KEPT, approximate=True)
+        pipe.execute()
 
     def record(self, kind: str, vm: str, details: dict) -> None:
         """Apply one step's outcome, as `reclaim` and the tasks report it, to the VM's records."""
@@ -110,6 +132,10 @@ class FleetState:
             self.add_migration(vm, {"status": status, **details})
             pipe = self.r.pipeline(transaction=False)
             metrics.migration(pipe, status, details)
+            if kind == "migrated" and details.get("downtime_ms") is not None:
+                pipe.xadd(USAGE, {"time": f"{time.time():.3f}", "vm": vm,
+                                  "blackout_ms": details["downtime_ms"]},
+                          maxlen=USAGE_KEPT, approximate=True)
             pipe.execute()
             if kind == "migrated":
                 self.set_vm(vm, state="running", host=details["target"], target="", source="",
@@ -124,7 +150,9 @@ class FleetState:
         elif kind == "suspending":
             self.set_vm(vm, state="suspending")
         elif kind == "suspended":
-            self.set_vm(vm, state="suspended", host="", target="")
+            how = ("hibernated" if details.get("mode") == "guest" else
+                   "parked" if details.get("parked") else "suspended")
+            self.set_vm(vm, state="suspended", host="", target="", saved_as=how)
         elif kind == "resuming":
             self.set_vm(vm, state="resuming", target=details["target"])
         elif kind == "resumed":

@@ -17,7 +17,7 @@ from .openapi import document
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 QUERY = {"api.list_tasks": {"count"}, "api.list_events": {"count"},
-         "api.list_vms": {"limit", "after"}}  # the rest take none
+         "api.list_vms": {"limit", "after"}, "api.get_usage": {"since", "until"}}  # the rest: none
 VM_PAGE, VM_PAGE_MAX = 1000, 5000
 
 
@@ -224,6 +224,13 @@ def get_task(task_id):
 @api_role("viewer")
 def list_events():
     return jsonify(backend.state().events(count=_count(100)))
+
+
+@bp.get("/usage")
+@api_role("viewer")
+def get_usage():
+    """Seconds per VM and state in [since, until) (default: the last 30 days)."""
+    return jsonify(backend.usage_window(request.args))
 
 
 def _count(default: int) -> int:

@@ -13,7 +13,8 @@ from flask import current_app
 from tasks import client
 from tasks.app import CONTROL_QUEUE, app as celery_app, host_queue, use_broker
 from tasks.runtime import LockSpec
-from vmmgr import console
+from vmmgr import console, usage
+from vmmgr.errors import InvalidRequest
 from vmmgr.fleet import Fleet
 from vmmgr.paths import Paths
 from vmmgr.requests import Request
@@ -122,3 +123,17 @@ def console_stream(vm: str, tail: int = 65536) -> Iterator[str]:
                                 stop=lambda: time.monotonic() > deadline):
         if decoded := text.decode(chunk):
             yield decoded
+
+
+def usage_window(args) -> dict:
+    """Usage in the window the query asks for (`since`, default 30 days ago; `until`, default
+    now); a bad time is refused."""
+    now = time.time()
+    try:
+        since = usage.parse_time(args.get("since", "30d"), now)
+        until = usage.parse_time(args["until"], now) if "until" in args else now
+    except ValueError as err:
+        raise InvalidRequest(str(err)) from None
+    if until <= since:
+        raise InvalidRequest("until must come after since")
+    return usage.report(state(), since, until)

@@ -59,6 +59,10 @@ SCHEMAS = {
     "Event": _obj({"id": STR, "time": STR, "kind": STR, "vm": STR, "host": STR, "task": STR,
                    "message": STR}, ["id", "time", "kind", "message"]),
 }
+SCHEMAS["UsageReport"] = _obj({"since": NUM, "until": NUM, "vms": {"type": "array", "items": _obj(
+    {"vm": STR, **{k: NUM for k in ("running", "migrating", "blackout", "suspended", "parked",
+                                    "hibernated", "stopped")}}, ["vm"])}},
+    ["since", "until", "vms"])
 SCHEMAS["VMDetail"] = {"allOf": [{"$ref": "#/components/schemas/VM"}, _obj({
     "operation": {"$ref": "#/components/schemas/Operation"},
     "migrations": {"type": "array", "items": {"$ref": "#/components/schemas/Migration"}}},
@@ -135,6 +139,13 @@ VM_PAGE = [{"name": "limit", "in": "query", "required": False,
             "schema": NAME}]
 
 
+WHEN = {"type": "string", "pattern": "^[0-9A-Za-z:.+-]{1,40}$"}
+USAGE_WINDOW = [{"name": "since", "in": "query", "required": False, "schema": WHEN,
+                 "description": "Unix seconds, ISO 8601, or 90m/6h/7d before now (default 30d)"},
+                {"name": "until", "in": "query", "required": False, "schema": WHEN,
+                 "description": "The same forms (default: now)"}]
+
+
 def document() -> dict:
     vm, host = [_path_param("name")], [_path_param("name")]
     paths = {
@@ -170,6 +181,10 @@ def document() -> dict:
                                         (401, 404, 503), params=[_path_param("task_id")])},
         "/events": {"get": _op("The event log, oldest first", (200, _list("Event"), "Events"),
                                (400, 401, 503), params=[COUNT])},
+        "/usage": {"get": _op("Seconds each VM ran, moved (blackouts apart), waited suspended "
+                              "or parked and slept hibernated in [since, until)",
+                              (200, _ref("UsageReport"), "Usage"), (400, 401, 503),
+                              params=USAGE_WINDOW)},
     }
     for path, item in paths.items():
         if "{name}" in path:

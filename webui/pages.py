@@ -12,7 +12,7 @@ from flask import (Blueprint, Response, flash, g, redirect, render_template, req
 
 from markupsafe import Markup, escape
 
-from vmmgr import overview, requests
+from vmmgr import overview, requests, usage
 from vmmgr.errors import InvalidRequest, NotFound, VmmgrError
 from vmmgr.policy import DEFAULT_POLICY, POLICIES
 from vmmgr.spec import validate_name
@@ -87,6 +87,20 @@ def vm_summary(name):
         row = overview.vm_row(f, name)
     return render_template("vm_summary.html", vm=row,
                            migrations=redact.records(list(reversed(backend.state().migrations(name)))))
+
+
+@bp.get("/usage")
+@page_role("viewer")
+def usage_page():
+    try:
+        report = backend.usage_window(request.args)
+    except InvalidRequest as err:
+        flash(f"refused: {err}", "error")
+        report = backend.usage_window({})
+    return render_template("usage.html", report=report, categories=usage.CATEGORIES,
+                           window=max(report["until"] - report["since"], 1e-9),
+                           since_text=request.args.get("since", "30d"),
+                           until_text=request.args.get("until", ""))
 
 
 @bp.get("/events")
