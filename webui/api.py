@@ -7,8 +7,8 @@ once with `{"error": {"code", "message"}}` and change nothing. The OpenAPI docum
 
 from flask import Blueprint, g, jsonify, request, url_for
 
-from vmmgr import overview, requests
-from vmmgr.errors import InvalidRequest, NotFound
+from vmmgr import audit, overview, requests
+from vmmgr.errors import InvalidRequest, NotFound, VmmgrError
 from vmmgr.spec import validate_name
 
 from . import backend, redact
@@ -17,7 +17,8 @@ from .openapi import document
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 QUERY = {"api.list_tasks": {"count"}, "api.list_events": {"count"},
-         "api.list_vms": {"limit", "after"}, "api.get_usage": {"since", "until"}}  # the rest: none
+         "api.list_vms": {"limit", "after"}, "api.get_usage": {"since", "until"},
+         "api.get_audit": {"since", "until", "who", "on"}}  # the rest: none
 VM_PAGE, VM_PAGE_MAX = 1000, 5000
 
 
@@ -56,7 +57,12 @@ def body(fields: dict[str, type], required: tuple[str, ...] = ()) -> dict:
 def act(build):
     """Check a request against the fleet (`build(fleet)` raises a refusal), queue it: 202."""
     with backend.fleet() as fleet:
-        req = build(fleet)
+        try:
+            req = build(fleet)
+        except VmmgrError as err:
+            backend.refused(f"{request.method} {request.path}", request.view_args.get("name", ""),
+                            request.get_json(silent=True) or {}, err)
+            raise
     task = backend.submit(req)
     backend.state().event(f"{task['op']} submitted by {g.user.name} (web API)", task=task["task"])
     return jsonify(task), 202
@@ -231,6 +237,15 @@ def list_events():
 def get_usage():
     """Seconds per VM and state in [since, until) (default: the last 30 days)."""
     return jsonify(backend.usage_window(request.args))
+
+
+@bp.get("/audit")
+@api_role("admin")
+def get_audit():
+    """The audit trail in [since, until) (default: the last 7 days)."""
+    window = backend.window(request.args, "7d")
+    who, on = request.args.get("who"), request.args.get("on")
+    return jsonify(audit.trail(backend.state().r, *window, who or None, on or None))
 
 
 def _count(default: int) -> int:

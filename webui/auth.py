@@ -13,6 +13,8 @@ from flask import (Blueprint, abort, current_app, flash, g, redirect, render_tem
 from flask_login import LoginManager, UserMixin, current_user, login_user, logout_user
 from flask_wtf.csrf import CSRFProtect
 
+from vmmgr import audit
+from vmmgr.state import FleetState
 from vmmgr.users import User, Users
 
 from . import limits
@@ -95,6 +97,7 @@ def login():
             flash(f"Too many failed logins: try again in {wait} s.", "error")
             return render_template("login.html"), 429, {"Retry-After": str(wait)}
         user = users().authenticate(name, request.form.get("password", ""))
+        _audit_login(name, address, "ok" if user else "refused: wrong name or password")
         if user is None:
             limits.failed(address, name)
             flash("Wrong name or password.", "error")
@@ -102,6 +105,13 @@ def login():
         login_user(SessionUser(user, users().open_session(user.name)))
         return redirect(_safe_next(request.args.get("next")))
     return render_template("login.html")
+
+
+def _audit_login(name: str, address: str, outcome: str) -> None:
+    url = current_app.config["VMMGR_PATHS"].redis_url()
+    if url:
+        audit.record(FleetState(url).r, {"who": name[:64], "via": "web", "client": address},
+                     "login", name[:64], outcome=outcome)
 
 
 @bp.route("/logout", methods=["POST"])

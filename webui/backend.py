@@ -8,12 +8,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from celery.result import AsyncResult
-from flask import current_app
+from flask import current_app, g, request
 
 from tasks import client
 from tasks.app import CONTROL_QUEUE, app as celery_app, host_queue, use_broker
 from tasks.runtime import LockSpec
-from vmmgr import console, usage
+from vmmgr import audit, console, usage
 from vmmgr.errors import InvalidRequest
 from vmmgr.fleet import Fleet
 from vmmgr.paths import Paths
@@ -46,12 +46,27 @@ def state() -> FleetState:
     return FleetState(broker_url())
 
 
+def actor() -> dict:
+    """Who is asking, for the audit trail: the user, how (page or API, with the token's id) and
+    from where."""
+    return {"who": g.user.name, "via": "api" if request.path.startswith("/api/") else "web",
+            "client": request.remote_addr or "", "token": g.get("token_id", "")}
+
+
+def refused(action: str, target: str, args: dict, err: Exception) -> None:
+    """A request the console refused (nothing changed), in the audit trail."""
+    try:
+        audit.record(state().r, actor(), action, target, args, f"refused: {err}")
+    except Exception:
+        pass  # no store: nothing could have changed either
+
+
 def submit(req: Request) -> dict:
     """Queue a checked request; the lock is taken first, so a busy VM is refused here."""
     broker_url()
     queue = host_queue(req.host) if req.host else CONTROL_QUEUE
     task_id = client.submit(paths(), req.op, req.kwargs, queue,
-                            LockSpec(*req.lock) if req.lock else None)
+                            LockSpec(*req.lock) if req.lock else None, actor=actor())
     return {"task": task_id, "op": req.op, "queue": queue}
 
 
@@ -125,15 +140,19 @@ def console_stream(vm: str, tail: int = 65536) -> Iterator[str]:
             yield decoded
 
 
-def usage_window(args) -> dict:
-    """Usage in the window the query asks for (`since`, default 30 days ago; `until`, default
-    now); a bad time is refused."""
+def window(args, since_default: str) -> tuple[float, float]:
+    """The [since, until) a query asks for (`until` defaults to now); a bad time is refused."""
     now = time.time()
     try:
-        since = usage.parse_time(args.get("since", "30d"), now)
+        since = usage.parse_time(args.get("since", since_default), now)
         until = usage.parse_time(args["until"], now) if "until" in args else now
     except ValueError as err:
         raise InvalidRequest(str(err)) from None
     if until <= since:
         raise InvalidRequest("until must come after since")
-    return usage.report(state(), since, until)
+    return since, until
+
+
+def usage_window(args) -> dict:
+    """Usage in the window the query asks for (default: the last 30 days)."""
+    return usage.report(state(), *window(args, "30d"))

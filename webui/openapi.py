@@ -63,6 +63,9 @@ SCHEMAS["UsageReport"] = _obj({"since": NUM, "until": NUM, "vms": {"type": "arra
     {"vm": STR, **{k: NUM for k in ("running", "migrating", "blackout", "suspended", "parked",
                                     "hibernated", "stopped")}}, ["vm"])}},
     ["since", "until", "vms"])
+SCHEMAS["AuditEntry"] = _obj({k: STR for k in ("time", "who", "via", "client", "token", "action",
+                                               "target", "outcome", "task", "result")}
+                             | {"args": {}}, ["time", "who", "via", "action", "outcome"])
 SCHEMAS["VMDetail"] = {"allOf": [{"$ref": "#/components/schemas/VM"}, _obj({
     "operation": {"$ref": "#/components/schemas/Operation"},
     "migrations": {"type": "array", "items": {"$ref": "#/components/schemas/Migration"}}},
@@ -185,6 +188,13 @@ def document() -> dict:
                               "or parked and slept hibernated in [since, until)",
                               (200, _ref("UsageReport"), "Usage"), (400, 401, 503),
                               params=USAGE_WINDOW)},
+        "/audit": {"get": _op("The audit trail: who asked for what, on what, when, and how it "
+                              "ended", (200, _list("AuditEntry"), "Requests, oldest first"),
+                              (400, 401, 403, 503), params=USAGE_WINDOW + [
+                                  {"name": "who", "in": "query", "required": False,
+                                   "schema": STR}, {"name": "on", "in": "query",
+                                                    "required": False, "schema": STR}],
+                              role="admin")},
     }
     for path, item in paths.items():
         if "{name}" in path:

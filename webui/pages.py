@@ -86,7 +86,8 @@ def vm_summary(name):
     with backend.fleet() as f:
         row = overview.vm_row(f, name)
     return render_template("vm_summary.html", vm=row,
-                           migrations=redact.records(list(reversed(backend.state().migrations(name)))))
+                           migrations=redact.records(
+                               list(reversed(backend.state().migrations(name)))))
 
 
 @bp.get("/usage")
@@ -148,7 +149,15 @@ def _act(build, back: str):
     """Check and queue a request built from the fleet; flash the outcome and go back."""
     try:
         with backend.fleet() as f:
-            req = build(f)
+            try:
+                req = build(f)
+            except VmmgrError as err:
+                args = request.view_args or {}
+                backend.refused(args.get("action") or request.endpoint.rsplit("_", 1)[-1],
+                                args.get("name") or request.form.get("name", ""),
+                                {k: v for k, v in request.form.items() if k != "csrf_token"},
+                                err)
+                raise
         task = backend.submit(req)
         backend.state().event(f"{req.op} submitted by {g.user.name} (web console)",
                               task=task["task"])

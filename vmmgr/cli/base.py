@@ -20,8 +20,46 @@ def main() -> None:
         err.show()
         sys.exit(err.exit_code)
     except VmmgrError as err:
+        _audit_refusal(sys.argv[1:], err)
         click.echo(f"vmmgr: error: {err}", err=True)
         sys.exit(err.exit_code)
+
+
+# Commands that change nothing: their failures are not requests refused.
+READ_ONLY = {"tasks", "events", "demo", "lab", "web", "usage", "audit", "net status",
+             "host list", "migrate policies", "user list", "user tokens", "vm list", "vm show",
+             "vm console"}
+VALUED = {"--home"}  # top-level options that take a value
+
+
+def _audit_refusal(argv: list[str], err: VmmgrError) -> None:
+    """A mutating command refused (nothing changed): into the audit trail, if there is one."""
+    words, skip = [], False
+    for w in argv:
+        if skip or w in VALUED:
+            skip = not skip if w in VALUED else False
+            continue
+        if not w.startswith("-"):
+            words.append(w)
+    if not words or words[0] in READ_ONLY or " ".join(words[:2]) in READ_ONLY:
+        return
+    home = argv[argv.index("--home") + 1] if "--home" in argv[:-1] else None
+    audit_cli(Paths(Path(home)) if home else default_paths(), " ".join(words[:2]),
+              words[2] if len(words) > 2 else "", f"refused: {err}", {"argv": argv})
+
+
+def audit_cli(paths: Paths, action: str, target: str, outcome: str,
+              args: dict | None = None) -> None:
+    """Record a CLI action done here (not through a task) in the audit trail."""
+    from .. import audit
+    from ..state import FleetState
+
+    try:
+        url = paths.redis_url()
+        if url:
+            audit.record(FleetState(url).r, audit.cli_actor(), action, target, args, outcome)
+    except Exception:
+        pass  # no store reachable: the command's own outcome stands
 
 
 def log_line(msg: str) -> None:

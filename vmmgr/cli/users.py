@@ -7,7 +7,7 @@ import click
 from .. import display
 from ..paths import Paths
 from ..users import ROLES, Users
-from .base import cli
+from .base import audit_cli, cli
 
 
 @cli.group()
@@ -26,6 +26,7 @@ def user() -> None:
 def user_add(paths: Paths, name: str, role: str, password: str, replace: bool) -> None:
     """Add a user (e.g. the first admin: `vmmgr user add admin --role admin`)."""
     u = Users(paths.users).add(name, password, role, replace=replace)
+    audit_cli(paths, "user add", name, "ok", {"role": role, "replace": replace})
     click.echo(f"user {u.name} ({u.role}) saved")
 
 
@@ -41,6 +42,7 @@ def user_list(paths: Paths) -> None:
 @click.pass_obj
 def user_remove(paths: Paths, name: str) -> None:
     Users(paths.users).remove(name)
+    audit_cli(paths, "user remove", name, "ok")
     click.echo(f"user {name} removed")
 
 
@@ -50,7 +52,10 @@ def user_remove(paths: Paths, name: str) -> None:
 @click.pass_obj
 def user_token(paths: Paths, name: str, label: str) -> None:
     """Issue an API token for NAME (REST: `Authorization: Bearer <token>`); shown only once."""
-    click.echo(Users(paths.users).new_token(name, label))
+    users = Users(paths.users)
+    token = users.new_token(name, label)
+    audit_cli(paths, "user token", name, "ok", {"label": label, "token": users.token_id(token)})
+    click.echo(token)
 
 
 @user.command("tokens")
@@ -58,8 +63,9 @@ def user_token(paths: Paths, name: str, label: str) -> None:
 @click.pass_obj
 def user_tokens(paths: Paths, name: str) -> None:
     """List NAME's API tokens (their ids and labels; the tokens themselves are never kept)."""
-    rows = [[t["id"], t["label"], time.strftime("%Y-%m-%d %H:%M", time.localtime(t["created"])) if t["created"] else "-"]
-            for t in Users(paths.users).tokens(name)]
+    def made(t):
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(t["created"])) if t["created"] else "-"
+    rows = [[t["id"], t["label"], made(t)] for t in Users(paths.users).tokens(name)]
     click.echo(display.table(["id", "label", "created"], rows))
 
 
@@ -70,6 +76,7 @@ def user_tokens(paths: Paths, name: str) -> None:
 def user_revoke_token(paths: Paths, name: str, token_id: str) -> None:
     """Revoke one of NAME's API tokens by its id (`vmmgr user tokens NAME`); the others work on."""
     Users(paths.users).revoke_token(name, token_id)
+    audit_cli(paths, "user revoke-token", name, "ok", {"token": token_id})
     click.echo(f"token {token_id} of {name} revoked")
 
 
