@@ -117,3 +117,6 @@ def snapshot_hosts(fleet: Fleet) -> None:
         except VmmgrError as err:
             hosts[h.name] = {"state": h.record.state, "reachable": False, "error": str(err)}
     fleet.state.set_hosts(hosts)
+    up = [h for h in hosts.values() if h["reachable"]]
+    fleet.state.sample_capacity(sum(h["used_memory_mib"] for h in up),
+                                sum(h["memory_mib"] for h in up))

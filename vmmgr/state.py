@@ -24,6 +24,8 @@ TASKS_KEPT = 500
 MIGRATIONS_KEPT = 100  # attempts per VM
 USAGE = P + "usage"  # every VM state change, for usage metering (vmmgr.usage)
 USAGE_KEPT = 1_000_000  # entries (~100 bytes each)
+CAPACITY = P + "capacity"  # the fleet's memory over time, for the console's chart
+CAPACITY_KEPT = 7 * 24 * 60
 
 # Compare-and-act on a lock's owner in one step, so a late or duplicate worker never extends or
 # frees a lock that has since passed to someone else.
@@ -205,6 +207,18 @@ class FleetState:
     def set_host(self, name: str, snapshot: dict) -> None:
         """One host's entry of the snapshot (a host just added, before any reconcile)."""
         self.r.hset(P + "hosts", name, json.dumps(snapshot))
+
+    def sample_capacity(self, used_mib: int, total_mib: int, every: int = 60) -> bool:
+        """The fleet's memory used and total, at most once every `every` seconds (the reconcile
+        offers a sample each pass, on every node): a week of minutes is kept."""
+        if not self.r.set(CAPACITY + ":gate", "1", nx=True, ex=every):
+            return False
+        self.r.xadd(CAPACITY, {"time": f"{time.time():.3f}", "used": used_mib,
+                               "total": total_mib}, maxlen=CAPACITY_KEPT, approximate=True)
+        return True
+
+    def capacity_history(self, since: float) -> list[dict]:
+        return [f for _, f in self.r.xrange(CAPACITY, min=int(since * 1000))]
 
     def hosts(self) -> dict[str, dict]:
         return {n: json.loads(h) for n, h in sorted(self.r.hgetall(P + "hosts").items())}

@@ -6,6 +6,7 @@ refusal (nothing changed) or the queued task flashed at the top.
 
 import itertools
 import json
+import time
 
 from flask import (Blueprint, Response, flash, g, redirect, render_template, request,
                    stream_with_context, url_for)
@@ -18,7 +19,7 @@ from vmmgr.policy import DEFAULT_POLICY, POLICIES
 from vmmgr.spec import validate_name
 from vmmgr.workloads import WORKLOADS
 
-from . import backend, redact
+from . import backend, charts, redact
 from .auth import page_role
 
 bp = Blueprint("pages", __name__)
@@ -33,7 +34,23 @@ def fleet():
         hosts = redact.hosts(overview.host_rows(f, views))
         # The page lists each host's VMs by name; only the parked ones need a full row.
         parked = overview.vm_rows(f, hosts, [v for v in views if v["host"] == "-"])
-    return render_template("fleet.html", hosts=hosts, vms=parked, vm_links=_vm_links(hosts))
+        history = f.state.capacity_history(time.time() - 86400)
+    return render_template("fleet.html", hosts=hosts, vms=parked, vm_links=_vm_links(hosts),
+                           capacity_chart=charts.lines(
+                               [float(h["time"]) for h in history],
+                               {"used MiB": [float(h["used"]) for h in history],
+                                "total MiB": [float(h["total"]) for h in history]},
+                               "MiB", "Fleet memory used and total, last 24 hours"))
+
+
+@bp.app_template_global()
+def blackout_chart(migrations: list[dict]):
+    """Each completed hop's blackout, oldest first (the history lists newest first)."""
+    hops = [m for m in reversed(migrations)
+            if m.get("status") == "completed" and m.get("downtime_ms") is not None]
+    return charts.bars([float(m["downtime_ms"]) for m in hops],
+                       [f"{m.get('source')} -> {m.get('target')}" for m in hops],
+                       "ms", "Blackout per hop")
 
 
 def _vm_links(hosts: list[dict]) -> dict[str, Markup]:
