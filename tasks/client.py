@@ -43,7 +43,10 @@ def submit(paths: Paths, op: str, kwargs: dict, queue: str, lock: LockSpec | Non
             fleet_state.release(lock.kind, lock.name, task_id)
         raise
     fleet_state.add_task(task_id, op, kwargs, queue, lock.what if lock else op)
-    audit.record(fleet_state.r, actor, op, audit.target_of(kwargs), kwargs, "queued", task_id)
+    try:
+        audit.record(fleet_state.r, actor, op, audit.target_of(kwargs), kwargs, "queued", task_id)
+    except Exception:
+        pass  # queued all the same: the task's outcome is recorded when it ends
     return task_id
 
 

@@ -7,9 +7,9 @@ outcome, which `trail` joins to the request. Entries older than VMMGR_AUDIT_DAYS
 are trimmed as new ones are added.
 """
 
-import getpass
 import json
 import os
+import pwd
 import socket
 import time
 
@@ -22,7 +22,12 @@ def keep_days() -> float:
 
 
 def cli_actor() -> dict:
-    return {"who": getpass.getuser(), "via": "cli", "client": socket.gethostname()}
+    """The OS account running the CLI (from the process, not $USER, which anyone sets), and
+    who it was before sudo."""
+    who = pwd.getpwuid(os.getuid()).pw_name
+    if os.environ.get("SUDO_USER") and os.getuid() == 0:
+        who = f"{os.environ['SUDO_USER']} (sudo {who})"
+    return {"who": who, "via": "cli", "client": socket.gethostname()}
 
 
 def record(r, actor: dict, action: str, target: str = "", args: dict | None = None,
@@ -52,7 +57,7 @@ def trail(r, since: float, until: float, who: str | None = None,
           target: str | None = None) -> list[dict]:
     """Requests in [since, until), oldest first, each with its task's outcome when it ended."""
     rows = [fields for _, fields in r.xrange(STREAM, min=int(since * 1000),
-                                              max=int(until * 1000))]
+                                              max=f"({int(until * 1000)}")]  # until: exclusive
     # a task may end after `until`: look for its outcome up to now
     outcomes = {f["task"]: f["outcome"] for _, f in r.xrange(STREAM, min=int(since * 1000))
                 if f.get("via") == "task" and f.get("task")}

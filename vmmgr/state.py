@@ -158,7 +158,7 @@ class FleetState:
         elif kind == "resuming":
             self.set_vm(vm, state="resuming", target=details["target"])
         elif kind == "resumed":
-            self.set_vm(vm, state="running", host=details["host"], target="")
+            self.set_vm(vm, state="running", host=details["host"], target="", saved_as="")
         elif kind == "resume_failed":
             self.set_vm(vm, state="suspended", target="")
         else:

@@ -52,11 +52,16 @@ def account(entries: list[dict], since: float, until: float) -> list[Usage]:
     for e in sorted(entries, key=lambda e: float(e["time"])):
         vm, t = e["vm"], float(e["time"])
         if "blackout_ms" in e:
-            if since <= t < until and e["blackout_ms"] not in (None, "", "None"):
-                seconds = float(e["blackout_ms"]) / 1000
-                usage = out.setdefault(vm, Usage(vm))
-                usage.blackout += seconds
-                usage.migrating -= seconds  # the move's time held it; counted apart
+            kind, start = current.get(vm, (None, t))
+            if kind == "migrating" and e["blackout_ms"] not in (None, "", "None"):
+                # the blackout ended the move: counted apart from the move's own time, as far
+                # as that time falls in the window
+                seconds = min(float(e["blackout_ms"]) / 1000,
+                              max(0.0, min(t, until) - max(start, since)))
+                if seconds > 0:
+                    usage = out.setdefault(vm, Usage(vm))
+                    usage.blackout += seconds
+                    usage.migrating -= seconds
             continue
         close(vm, t)
         current[vm] = (category(e["state"]), t)
@@ -67,11 +72,17 @@ def account(entries: list[dict], since: float, until: float) -> list[Usage]:
 
 def parse_time(text: str, now: float) -> float:
     """A point in time: unix seconds, ISO 8601 (UTC unless it says), or a span before now
-    (`90s`, `15m`, `6h`, `7d`)."""
+    (`90s`, `15m`, `6h`, `7d`); never before 1970."""
+    return max(0.0, _parse_time(text, now))
+
+
+def _parse_time(text: str, now: float) -> float:
     from datetime import datetime, timezone
 
     text = text.strip()
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if len(text) > 40:
+        raise ValueError(f"{text[:40]!r} is not a time")
     if len(text) > 1 and text[-1] in units and text[:-1].isascii() and text[:-1].isdecimal():
         return now - int(text[:-1]) * units[text[-1]]
     if text.isascii() and text.replace(".", "", 1).isdecimal():

@@ -13,6 +13,7 @@ import hmac
 import json
 import os
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from functools import cache
@@ -26,6 +27,9 @@ MIN_PASSWORD = 8
 # OWASP's Password Storage Cheat Sheet: N=2^17, r=8, p=1 (128 MiB, about 0.3 s here). The
 # parameters are kept in each hash, so older hashes still verify and are redone at next login.
 SCRYPT = {"n": 2**17, "r": 8, "p": 1}
+# Hashes at once in one process: each takes 128 MiB, and a burst of logins must not take the
+# console's memory (the others wait their turn).
+_HASHING = threading.BoundedSemaphore(2)
 SESSIONS_KEPT = 20  # per user: the oldest login is ended past this
 SESSION_DAYS = 14
 
@@ -43,8 +47,9 @@ def hash_password(password: str, salt: bytes | None = None, n: int | None = None
                   r: int | None = None, p: int | None = None) -> str:
     n, r, p = n or SCRYPT["n"], r or SCRYPT["r"], p or SCRYPT["p"]
     salt = salt or secrets.token_bytes(16)
-    digest = hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p,
-                            maxmem=256 * r * n + (1 << 20))  # 128 r N bytes, and some room
+    with _HASHING:
+        digest = hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p,
+                                maxmem=256 * r * n + (1 << 20))  # 128 r N bytes, and some room
     return f"scrypt${n}${r}${p}${salt.hex()}${digest.hex()}"
 
 
@@ -140,8 +145,12 @@ class Users:
         if not check_password(password, u["password"]):
             return None
         if needs_rehash(u["password"]):
-            hashed = hash_password(password)
-            self._update(lambda data: data.get(name, {}).update(password=hashed))
+            old, hashed = u["password"], hash_password(password)
+
+            def rehash(data):  # unless the password was replaced meanwhile
+                if data.get(name, {}).get("password") == old:
+                    data[name]["password"] = hashed
+            self._update(rehash)
         return User(name, u["role"])
 
     # ---- sessions (the web console's logins) ------------------------------------------------

@@ -9,6 +9,7 @@ import secrets
 import tempfile
 
 from flask import Flask, request
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from vmmgr.paths import Paths, default_paths
 
@@ -23,7 +24,7 @@ def create_app(paths: Paths | None = None, **config) -> Flask:
     paths = paths or default_paths()
     app.config.update(
         VMMGR_PATHS=paths,
-        SECRET_KEY=_checked(os.environ.get("VMMGR_WEB_SECRET")) or _secret_key(paths),
+        SECRET_KEY=_checked(os.environ.get("VMMGR_WEB_SECRET") or None) or _secret_key(paths),
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax",
         # Served behind TLS: the cookie never goes out in clear. `vmmgr web` (plain HTTP, for the
@@ -42,15 +43,20 @@ def create_app(paths: Paths | None = None, **config) -> Flask:
     auth.csrf.exempt(api.bp)  # the REST API authenticates by bearer token, never by cookie
     register_error_handlers(app)
     app.after_request(_security_headers)
+    proxies = int(os.environ.get("VMMGR_WEB_PROXIES") or 0)
+    if proxies:
+        # Behind that many proxies (TLS ends there): the client's address, scheme and host come
+        # from their X-Forwarded-* headers; the limiter, the audit trail and HSTS need them.
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=proxies, x_proto=proxies, x_host=proxies)
     return app
 
 
 MIN_SECRET = 32
 
 
-def _checked(secret: str | None) -> str | None:
+def _checked(secret: str | None, where: str = "VMMGR_WEB_SECRET") -> str | None:
     if secret is not None and len(secret) < MIN_SECRET:
-        raise RuntimeError(f"VMMGR_WEB_SECRET is too weak: it signs every session, and needs at "
+        raise RuntimeError(f"{where} is too weak: it signs every session, and needs at "
                            f"least {MIN_SECRET} random characters (e.g. `openssl rand -hex 32`)")
     return secret
 
@@ -76,7 +82,7 @@ def _secret_key(paths: Paths) -> str:
     written whole to a private file, then linked into place, so a worker starting at the same
     moment reads either nothing or the whole key, never an empty file."""
     try:
-        return _checked(paths.web_secret.read_text().strip())
+        return _checked(paths.web_secret.read_text().strip(), str(paths.web_secret))
     except FileNotFoundError:
         pass
     paths.home.mkdir(parents=True, exist_ok=True)
@@ -90,4 +96,4 @@ def _secret_key(paths: Paths) -> str:
             pass
     finally:
         os.unlink(tmp)
-    return _checked(paths.web_secret.read_text().strip())
+    return _checked(paths.web_secret.read_text().strip(), str(paths.web_secret))

@@ -150,8 +150,8 @@ def get_vm(name):
     validate_name(name)
     with backend.fleet() as fleet:
         row = overview.vm_row(fleet, name)
-    return jsonify(row | {"operation": backend.operation(name),
-                          "migrations": redact.records(backend.state().migrations(name))})
+    return jsonify(redact.deep(row | {"operation": backend.operation(name),
+                                      "migrations": backend.state().migrations(name)}))
 
 
 @bp.delete("/vms/<name>")
@@ -174,7 +174,7 @@ def vm_migrations(name):
     validate_name(name)
     with backend.fleet() as fleet:
         overview.vm_row(fleet, name)  # NotFound for an unknown VM
-    return jsonify(redact.records(backend.state().migrations(name)))
+    return jsonify(redact.deep(backend.state().migrations(name)))
 
 
 @bp.post("/vms/<name>/migrate")
@@ -214,7 +214,7 @@ def resume_vm(name):
 @bp.get("/tasks")
 @api_role("viewer")
 def list_tasks():
-    return jsonify(backend.state().recent_tasks(_count(50)))
+    return jsonify(redact.deep(backend.state().recent_tasks(_count(50))))
 
 
 @bp.get("/tasks/<task_id>")
@@ -223,13 +223,13 @@ def get_task(task_id):
     status = backend.task_status(task_id) if len(task_id) <= 64 else None
     if status is None:
         raise NotFound(f"unknown task {task_id!r}")
-    return jsonify(redact.records([status])[0])
+    return jsonify(redact.deep(status))
 
 
 @bp.get("/events")
 @api_role("viewer")
 def list_events():
-    return jsonify(backend.state().events(count=_count(100)))
+    return jsonify(redact.deep(backend.state().events(count=_count(100))))
 
 
 @bp.get("/usage")

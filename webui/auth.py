@@ -92,16 +92,17 @@ def api_role(role: str):
 def login():
     if request.method == "POST":
         name, address = request.form.get("name", ""), request.remote_addr or ""
-        wait = limits.blocked_for(address, name)
+        wait = limits.attempt(address, name)
         if wait:
-            flash(f"Too many failed logins: try again in {wait} s.", "error")
+            _audit_login(name, address, "refused: too many attempts")
+            flash(f"Too many login attempts: try again in {wait} s.", "error")
             return render_template("login.html"), 429, {"Retry-After": str(wait)}
         user = users().authenticate(name, request.form.get("password", ""))
         _audit_login(name, address, "ok" if user else "refused: wrong name or password")
         if user is None:
-            limits.failed(address, name)
             flash("Wrong name or password.", "error")
             return render_template("login.html"), 401
+        limits.succeeded(address, name)
         login_user(SessionUser(user, users().open_session(user.name)))
         return redirect(_safe_next(request.args.get("next")))
     return render_template("login.html")

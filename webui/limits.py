@@ -1,19 +1,28 @@
-"""Login attempts, counted per client address and per user name in the fleet's store (Redis), so
-every console process sees the same counts; in this process alone when no store is configured."""
+"""Login attempts, counted in the fleet's store (Redis) so every console process sees the same
+counts (in this process alone when no store is configured).
+
+An attempt is counted before its password is hashed, so a burst in parallel is held to the limit
+too. The limits are per client address and name together (guessing one account), and per
+address (guessing many); never per name alone, which would let anyone lock a user out. A correct
+password clears its address-and-name count. Behind a proxy, set VMMGR_WEB_PROXIES so the
+address is the client's, not the proxy's.
+"""
 
 import time
 
 import redis
 from flask import current_app
 
-FAILURES = 10  # failed logins allowed per window, per address and per name
+PER_NAME = 10  # attempts per window from one address at one name
+PER_ADDRESS = 100  # attempts per window from one address, whatever the names
 WINDOW = 300  # seconds
 
 _local: dict[str, list[float]] = {}
 
 
-def _keys(address: str, name: str) -> list[str]:
-    return [f"vmmgr:login-failures:addr:{address}", f"vmmgr:login-failures:user:{name[:64]}"]
+def _keys(address: str, name: str) -> list[tuple[str, int]]:
+    return [(f"vmmgr:login-attempts:{address}:{name[:64]}", PER_NAME),
+            (f"vmmgr:login-attempts:{address}", PER_ADDRESS)]
 
 
 def _store() -> redis.Redis | None:
@@ -21,34 +30,31 @@ def _store() -> redis.Redis | None:
     return redis.Redis.from_url(url, decode_responses=True, socket_timeout=5) if url else None
 
 
-def blocked_for(address: str, name: str) -> int:
-    """Seconds until another attempt is allowed; 0 if it is allowed now."""
+def attempt(address: str, name: str) -> int:
+    """Count an attempt; 0 if it may go ahead, else the seconds until one may."""
     r, keys = _store(), _keys(address, name)
     if r is None:
-        now = time.time()
-        waits = [int(WINDOW - (now - seen[0])) + 1 for seen in
-                 ([t for t in _local.get(k, []) if now - t < WINDOW] for k in keys)
-                 if len(seen) >= FAILURES]
+        now, waits = time.time(), []
+        for key, limit in keys:
+            seen = [t for t in _local.get(key, []) if now - t < WINDOW] + [now]
+            _local[key] = seen
+            if len(seen) > limit:
+                waits.append(int(WINDOW - (now - seen[0])) + 1)
         return max(waits, default=0)
     pipe = r.pipeline()
-    for k in keys:
-        pipe.get(k)
-        pipe.ttl(k)
+    for key, _ in keys:
+        pipe.incr(key)
+        pipe.expire(key, WINDOW, nx=True)  # the window starts at the first attempt
+        pipe.ttl(key)
     replies = pipe.execute()
-    waits = [max(ttl, 1) for count, ttl in zip(replies[::2], replies[1::2])
-             if count and int(count) >= FAILURES]
-    return max(waits, default=0)
+    return max((max(ttl, 1) for (key, limit), count, ttl in
+                zip(keys, replies[0::3], replies[2::3]) if count > limit), default=0)
 
 
-def failed(address: str, name: str) -> None:
-    r, keys = _store(), _keys(address, name)
+def succeeded(address: str, name: str) -> None:
+    key = _keys(address, name)[0][0]
+    r = _store()
     if r is None:
-        now = time.time()
-        for k in keys:
-            _local[k] = [t for t in _local.get(k, []) if now - t < WINDOW] + [now]
-        return
-    pipe = r.pipeline()
-    for k in keys:
-        pipe.incr(k)
-        pipe.expire(k, WINDOW, nx=True)  # the window starts at the first failure
-    pipe.execute()
+        _local.pop(key, None)
+    else:
+        r.delete(key)

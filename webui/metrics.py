@@ -113,6 +113,6 @@ def collect(fleet):
         depth.add_metric([queue], sum(pipe.execute()))
     yield depth
     waiting = [now - float(t.get("submitted") or now) for t in
-               fleet.state.recent_tasks(RECENT_TASKS) if t.get("runs", "0") == "0"]
+               fleet.state.recent_tasks(RECENT_TASKS) if not t.get("started")]
     yield GaugeMetricFamily("vmmgr_task_oldest_waiting_seconds", "Age of the oldest task not "
                             "started yet", value=max(waiting, default=0.0))

@@ -91,8 +91,9 @@ def vm(name):
         hosts = [h["name"] for h in overview.host_rows(f)]
     st = backend.state()
     return render_template("vm.html", vm=row, targets=targets, hosts=hosts,
-                           migrations=redact.records(list(reversed(st.migrations(name)))),
-                           operation=backend.operation(name), events=st.events(200, vm=name)[-20:],
+                           migrations=redact.deep(list(reversed(st.migrations(name)))),
+                           operation=backend.operation(name),
+                           events=redact.deep(st.events(200, vm=name)[-20:]),
                            policies=POLICIES, default_policy=DEFAULT_POLICY)
 
 
@@ -103,7 +104,7 @@ def vm_summary(name):
     with backend.fleet() as f:
         row = overview.vm_row(f, name)
     return render_template("vm_summary.html", vm=row,
-                           migrations=redact.records(
+                           migrations=redact.deep(
                                list(reversed(backend.state().migrations(name)))))
 
 
@@ -111,7 +112,8 @@ def vm_summary(name):
 @page_role("viewer")
 def usage_page():
     try:
-        report = backend.usage_window(request.args)
+        # the form sends its empty fields: "not given" (the API takes none empty)
+        report = backend.usage_window({k: v for k, v in request.args.items() if v})
     except InvalidRequest as err:
         flash(f"refused: {err}", "error")
         report = backend.usage_window({})
@@ -124,7 +126,8 @@ def usage_page():
 @bp.get("/events")
 @page_role("viewer")
 def events():
-    return render_template("events.html", events=list(reversed(backend.state().events(300))))
+    return render_template("events.html",
+                           events=redact.deep(list(reversed(backend.state().events(300)))))
 
 
 # ---- live streams (server-sent events) -------------------------------------------------------
@@ -147,8 +150,7 @@ def vm_progress(name):
         with backend.fleet() as f:
             if f.find(name) is None and not f.is_suspended(name):
                 raise NotFound(f"unknown VM {name!r}")
-    return _sse(snap | {"operation": redact.records([snap["operation"]])[0]}
-                if snap["operation"] else snap for snap in backend.progress_stream(name))
+    return _sse(redact.deep(snap) for snap in backend.progress_stream(name))
 
 
 @bp.get("/vms/<name>/console")

@@ -26,8 +26,19 @@ def hosts(rows: list[dict]) -> list[dict]:
             | ({"error": "does not answer"} if "error" in r else {}) for r in rows]
 
 
-def records(rows: list[dict], field: str = "error") -> list[dict]:
-    """Migration attempts (or any records) with their error text redacted for a viewer."""
+def deep(value):
+    """Anything shown (task arguments and results, events, progress): URIs out of every string
+    and `uri` fields dropped, for a viewer; as it is for an operator."""
     if not viewer():
-        return rows
-    return [r | {field: text(r[field])} if isinstance(r.get(field), str) else r for r in rows]
+        return value
+    return _deep(value)
+
+
+def _deep(value):
+    if isinstance(value, str):
+        return URI.sub(HIDDEN, value)
+    if isinstance(value, dict):
+        return {k: _deep(v) for k, v in value.items() if k != "uri"}
+    if isinstance(value, (list, tuple)):
+        return [_deep(v) for v in value]
+    return value

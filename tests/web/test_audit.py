@@ -84,6 +84,12 @@ def test_a_task_outcome_is_joined_to_its_request(redis_url, mocker):
     assert row["result"] == "ok" and row["via"] == "cli"
 
 
+@pytest.fixture(autouse=True)
+def fresh_cli(monkeypatch):
+    from vmmgr.cli import dispatch
+    monkeypatch.setattr(dispatch, "handed_over", False)  # one command per process, as in use
+
+
 def test_the_cli_records_its_refusals_and_reads_the_trail(home, redis_url, monkeypatch):
     monkeypatch.setenv("VMMGR_HOME", str(home.home))
     _audit_refusal(["vm", "destroy", "vm7"], NotFound("unknown VM 'vm7'"))
@@ -103,8 +109,24 @@ def test_old_entries_go_after_the_kept_time(redis_url, monkeypatch):
     assert all(row["who"] != "old" for row in trail(redis_url))
 
 
+def test_the_cli_keeps_no_password_and_no_refusal_after_the_hand_over(home, redis_url,
+                                                                      monkeypatch):
+    from vmmgr.cli import dispatch
+    from vmmgr.errors import Conflict
+
+    _audit_refusal(["--home", str(home.home), "user", "add", "bob", "--password",
+                    "hunter2hunter2"], Conflict("user 'bob' already exists"))
+    [row] = trail(redis_url)
+    assert row["action"] == "user add" and row["target"] == "bob"
+    assert "hunter2" not in str(row) and row["args"]["role"] == "viewer"
+    monkeypatch.setattr(dispatch, "handed_over", True)  # a task ran it and failed: its outcome
+    _audit_refusal(["--home", str(home.home), "vm", "destroy", "vm1"], NotFound("gone"))
+    assert len(trail(redis_url)) == 1
+
+
 @pytest.mark.parametrize("argv,action,target", [
     (["--home", "/x", "migrate", "start", "vm1", "--to", "h2"], "migrate start", "vm1"),
+    (["migrate", "--to", "h2", "vm1"], "migrate start", "vm1"),
     (["host", "reclaim", "host1"], "host reclaim", "host1")])
 def test_the_cli_names_the_command_and_its_target(argv, action, target, mocker):
     recorded = mocker.patch("vmmgr.cli.base.audit_cli")

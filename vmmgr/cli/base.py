@@ -29,23 +29,50 @@ def main() -> None:
 READ_ONLY = {"tasks", "events", "demo", "lab", "web", "usage", "audit", "net status",
              "host list", "migrate policies", "user list", "user tokens", "vm list", "vm show",
              "vm console"}
-VALUED = {"--home"}  # top-level options that take a value
+SECRET = {"password"}
 
 
 def _audit_refusal(argv: list[str], err: VmmgrError) -> None:
-    """A mutating command refused (nothing changed): into the audit trail, if there is one."""
-    words, skip = [], False
-    for w in argv:
-        if skip or w in VALUED:
-            skip = not skip if w in VALUED else False
-            continue
-        if not w.startswith("-"):
-            words.append(w)
-    if not words or words[0] in READ_ONLY or " ".join(words[:2]) in READ_ONLY:
+    """A mutating command refused before it was handed to a task or run (nothing changed):
+    into the audit trail, if there is one. After that, the task's run records its outcome."""
+    from . import dispatch
+
+    if dispatch.handed_over:
         return
-    home = argv[argv.index("--home") + 1] if "--home" in argv[:-1] else None
-    audit_cli(Paths(Path(home)) if home else default_paths(), " ".join(words[:2]),
-              words[2] if len(words) > 2 else "", f"refused: {err}", {"argv": argv})
+    path, params = _command_of(argv)
+    action = " ".join(path)
+    if not path or path[0] in READ_ONLY or action in READ_ONLY:
+        return
+    home = params.pop("home", None)
+    target = next((str(params[k]) for k in ("name", "vm", "host") if params.get(k)), "")
+    audit_cli(Paths(Path(home)) if home else default_paths(), action, target, f"refused: {err}",
+              {k: v for k, v in params.items() if k not in SECRET and v is not None})
+
+
+def _command_of(argv: list[str]) -> tuple[list[str], dict]:
+    """The command path and its parameters, parsed as click parsed them (without running
+    anything): `vm create NAME --memory 256` -> (["vm", "create"], {"name": ..., ...})."""
+    try:
+        ctx = cli.make_context("vmmgr", list(argv), resilient_parsing=True)
+        params, cmd, path = dict(ctx.params), cli, []
+        rest = _rest(ctx)
+        while isinstance(cmd, click.Group) and rest:
+            name, cmd, rest = cmd.resolve_command(ctx, rest)
+            if cmd is None:
+                break
+            path.append(name)
+            ctx = cmd.make_context(name, rest, parent=ctx, resilient_parsing=True)
+            params |= ctx.params
+            rest = _rest(ctx)
+        return path, params
+    except (click.ClickException, click.exceptions.Exit, IndexError):
+        return [], {}
+
+
+def _rest(ctx: click.Context) -> list[str]:
+    # A group's subcommand and its words: click 8.2+ keeps them apart (and deprecates reading
+    # `protected_args`; from click 9 `args` alone holds them).
+    return [*getattr(ctx, "_protected_args", ()), *ctx.args]
 
 
 def audit_cli(paths: Paths, action: str, target: str, outcome: str,
