@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from celery.result import AsyncResult
 
+from vmmgr import audit
 from vmmgr.errors import VmmgrError
 from vmmgr.migration import JobProgress
 from vmmgr.paths import Paths
@@ -21,11 +22,20 @@ from .runtime import LockSpec
 QUEUED_LOCK_TTL = 600  # a queued task keeps its lock this long before a worker takes it up
 
 
-def submit(paths: Paths, op: str, kwargs: dict, queue: str, lock: LockSpec | None) -> str:
+def submit(paths: Paths, op: str, kwargs: dict, queue: str, lock: LockSpec | None,
+           actor: dict | None = None) -> str:
+    """Queue the operation; recorded in the audit trail as `actor`'s request (the CLI's OS user
+    and host unless the console says who)."""
     fleet_state = FleetState(paths.redis_url())
     task_id = str(uuid.uuid4())
+    actor = actor or audit.cli_actor()
     if lock:
-        fleet_state.acquire(lock.kind, lock.name, task_id, lock.what, QUEUED_LOCK_TTL)
+        try:
+            fleet_state.acquire(lock.kind, lock.name, task_id, lock.what, QUEUED_LOCK_TTL)
+        except VmmgrError as err:
+            audit.record(fleet_state.r, actor, op, audit.target_of(kwargs), kwargs,
+                         f"refused: {err}")
+            raise
     try:
         app.send_task(f"vmmgr.{op}", kwargs=kwargs, task_id=task_id, queue=queue)
     except Exception:
@@ -33,6 +43,10 @@ def submit(paths: Paths, op: str, kwargs: dict, queue: str, lock: LockSpec | Non
             fleet_state.release(lock.kind, lock.name, task_id)
         raise
     fleet_state.add_task(task_id, op, kwargs, queue, lock.what if lock else op)
+    try:
+        audit.record(fleet_state.r, actor, op, audit.target_of(kwargs), kwargs, "queued", task_id)
+    except Exception:
+        pass  # queued all the same: the task's outcome is recorded when it ends
     return task_id
 
 

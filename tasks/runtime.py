@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from celery.signals import task_received, worker_ready
 
-from vmmgr import errors, view
+from vmmgr import audit, errors, view
 from vmmgr.locks import Lease
 from vmmgr.paths import default_paths
 from vmmgr.state import FleetState, stored
@@ -78,9 +78,18 @@ def run_once(task, lock: "LockSpec | None", body):
             result = body(run)
         except Exception as err:
             run.ended({"error": type(err).__name__, "message": str(err)})
+            _audit(run, task, f"failed: {err}")
             raise
         run.ended({"result": result})
+        _audit(run, task, "ok")
         return result
+
+
+def _audit(run, task, outcome: str) -> None:
+    try:
+        audit.ended(run.state.r, run.id, getattr(task, "name", "").removeprefix("vmmgr."), outcome)
+    except Exception:  # the trail must not fail the operation; its request is recorded
+        pass
 
 
 def replay(outcome: dict):

@@ -61,15 +61,20 @@ def read(consoles: Path, vm: str) -> bytes:
     return b"".join(p.read_bytes() for p in segments(consoles, vm))
 
 
+CHUNK = 1 << 16  # read at a time: the guest decides how large its log grows
+
+
 def follow(
-    consoles: Path, vm: str, poll: float = 0.2, stop=lambda: False
+    consoles: Path, vm: str, poll: float = 0.2, stop=lambda: False, tail: int | None = None
 ) -> Iterator[bytes]:
-    """Yield the console's bytes as they are written, across segments, until `stop()` is true.
+    """Yield the console's bytes as they are written, across segments, until `stop()` is true;
+    with `tail`, only the last `tail` bytes written so far, then what follows. Never more than
+    CHUNK bytes in memory at once, however large the log.
 
     A later segment is switched to only once it holds data: by then the guest has resumed on the
     next host, so the current segment has had its last byte and is read to its end first.
     """
-    index, offset = 0, 0
+    index, offset = _tail_start(segments(consoles, vm), tail) if tail is not None else (0, 0)
     while True:
         current = segments(consoles, vm)
         if index < len(current):
@@ -92,11 +97,28 @@ def follow(
         time.sleep(poll)
 
 
+def _tail_start(paths: list[Path], tail: int) -> tuple[int, int]:
+    """(segment index, offset) where the last `tail` bytes of the segments begin."""
+    for index in range(len(paths) - 1, -1, -1):
+        size = _size(paths[index])
+        if size >= tail:
+            return index, size - tail
+        tail -= size
+    return 0, 0
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def _read_from(path: Path, offset: int) -> bytes:
     try:
         with path.open("rb") as f:
             f.seek(offset)
-            return f.read()
+            return f.read(CHUNK)
     except FileNotFoundError:
         return b""
 

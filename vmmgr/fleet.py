@@ -248,7 +248,11 @@ class Fleet:
         the VM's memory (the kernel compresses; this never runs short)."""
         path = self.swap_disk_path(spec.name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb") as f:
+        # 0600: a hibernation image is the guest's whole memory (libvirt's dynamic ownership,
+        # where on, hands it to QEMU's user when the VM starts)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o600)  # a disk left by an earlier VM of the name too
             f.truncate((spec.memory_mib + 64) * 1024 * 1024)
         return path
 

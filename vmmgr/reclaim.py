@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from . import devices, operations, suspend
+from . import devices, metrics, operations, suspend
 from .errors import VmmgrError
 from .fleet import Fleet
 from .guest import Guest, read_each
@@ -112,6 +112,11 @@ def evacuate(fleet: Fleet, host: str, deadline: bool, report, per_target: int = 
         fleet.inventory.set_state(host, "reclaimed")
         on_event(f"{host}: empty, reclaimed")
     outcome.seconds = round(time.monotonic() - t0, 1)
+    kind = "reclaim" if deadline else "drain"
+    for how, vms in (("migrated", outcome.migrated), ("suspended", outcome.suspended),
+                     ("hibernated", outcome.hibernated), ("failed", outcome.failed)):
+        metrics.count(fleet.state.r, "evacuated_vms", kind, how, by=len(vms))
+    metrics.count(fleet.state.r, "evacuations", kind)
     return outcome
 
 

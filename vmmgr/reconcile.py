@@ -8,7 +8,7 @@ refreshes the host snapshot. Nothing a moving VM depends on is touched while it 
 
 from dataclasses import asdict
 
-from . import operations, reclaim, suspend as suspension
+from . import metrics, operations, reclaim, suspend as suspension
 from .addresses import pool_for
 from .edge import Edge
 from .errors import VmmgrError
@@ -23,6 +23,8 @@ def reconcile(fleet: Fleet, report) -> dict:
     repaired = repair_records(fleet, report, rows)
     rerouted = repair_edge(fleet, report, rows)
     snapshot_hosts(fleet)
+    metrics.count(fleet.state.r, "reconcile_repairs", by=len(repaired) + len(rerouted))
+    metrics.count(fleet.state.r, "reconcile_recoveries", by=len(recovered))
     return {"recovered": recovered, "resumed": resumed, "repaired": repaired,
             "rerouted": rerouted}
 
@@ -115,3 +117,6 @@ def snapshot_hosts(fleet: Fleet) -> None:
         except VmmgrError as err:
             hosts[h.name] = {"state": h.record.state, "reachable": False, "error": str(err)}
     fleet.state.set_hosts(hosts)
+    up = [h for h in hosts.values() if h["reachable"]]
+    fleet.state.sample_capacity(sum(h["used_memory_mib"] for h in up),
+                                sum(h["memory_mib"] for h in up))

@@ -15,12 +15,17 @@ from functools import cached_property
 import orjson
 import redis
 
+from . import metrics
 from .errors import Conflict
 
 P = "vmmgr:"
 EVENTS_KEPT = 10_000
 TASKS_KEPT = 500
 MIGRATIONS_KEPT = 100  # attempts per VM
+USAGE = P + "usage"  # every VM state change, for usage metering (vmmgr.usage)
+USAGE_KEPT = 1_000_000  # entries (~100 bytes each)
+CAPACITY = P + "capacity"  # the fleet's memory over time, for the console's chart
+CAPACITY_KEPT = 7 * 24 * 60
 
 # Compare-and-act on a lock's owner in one step, so a late or duplicate worker never extends or
 # frees a lock that has since passed to someone else.
@@ -81,10 +86,26 @@ class FleetState:
 
     # ---- VMs ----------------------------------------------------------------------------
 
-    def set_vm(self, name: str, **fields) -> None:
-        fields["updated"] = f"{time.time():.3f}"
-        self.r.hset(P + f"vm:{name}", mapping={k: _str(v) for k, v in fields.items()})
-        self.r.sadd(P + "vms", name)
+    def set_vm(self, name: str, usage: str | None = None, **fields) -> None:
+        """Change the VM's record; a change of state is also appended to the usage stream (as
+        `usage` where the state alone does not say how it is billed: parked, hibernated)."""
+        now = time.time()
+        fields["updated"] = f"{now:.3f}"
+        if usage is None and fields.get("state") in ("suspended", "resuming"):
+            # still saved: billed as it was saved (its suspend said how), whoever records it
+            usage = (fields.get("saved_as") or self.r.hget(P + f"vm:{name}", "saved_as")
+                     or "suspended")
+        pipe = self.r.pipeline()  # MULTI: the record and its usage entry land together
+        pipe.hset(P + f"vm:{name}", mapping={k: _str(v) for k, v in fields.items()})
+        pipe.sadd(P + "vms", name)
+        if "state" in fields:
+            pipe.xadd(USAGE, {"time": f"{now:.3f}", "vm": name,
+                              "state": usage or fields["state"]},
+                      maxlen=USAGE_KEPT, approximate=True)
+        pipe.execute()
+
+    def usage_entries(self) -> list[dict]:
+        return [fields for _, fields in self.r.xrange(USAGE)]
 
     def vm(self, name: str) -> dict:
         return self.r.hgetall(P + f"vm:{name}")
@@ -97,8 +118,12 @@ class FleetState:
         return dict(zip(names, pipe.execute()))
 
     def forget_vm(self, name: str) -> None:
-        self.r.delete(P + f"vm:{name}")
-        self.r.srem(P + "vms", name)
+        pipe = self.r.pipeline()
+        pipe.delete(P + f"vm:{name}")
+        pipe.srem(P + "vms", name)
+        pipe.xadd(USAGE, {"time": f"{time.time():.3f}", "vm": name, "state": "gone"},
+                  maxlen=USAGE_KEPT, approximate=True)
+        pipe.execute()
 
     def record(self, kind: str, vm: str, details: dict) -> None:
         """Apply one step's outcome, as `reclaim` and the tasks report it, to the VM's records."""
@@ -107,6 +132,13 @@ class FleetState:
         elif kind in ("migrated", "migration_failed"):
             status = "completed" if kind == "migrated" else "failed"
             self.add_migration(vm, {"status": status, **details})
+            pipe = self.r.pipeline(transaction=False)
+            metrics.migration(pipe, status, details)
+            if kind == "migrated" and details.get("downtime_ms") is not None:
+                pipe.xadd(USAGE, {"time": f"{time.time():.3f}", "vm": vm,
+                                  "blackout_ms": details["downtime_ms"]},
+                          maxlen=USAGE_KEPT, approximate=True)
+            pipe.execute()
             if kind == "migrated":
                 self.set_vm(vm, state="running", host=details["target"], target="", source="",
                             policy="", bandwidth="")
@@ -120,11 +152,13 @@ class FleetState:
         elif kind == "suspending":
             self.set_vm(vm, state="suspending")
         elif kind == "suspended":
-            self.set_vm(vm, state="suspended", host="", target="")
+            how = ("hibernated" if details.get("mode") == "guest" else
+                   "parked" if details.get("parked") else "suspended")
+            self.set_vm(vm, state="suspended", host="", target="", saved_as=how)
         elif kind == "resuming":
             self.set_vm(vm, state="resuming", target=details["target"])
         elif kind == "resumed":
-            self.set_vm(vm, state="running", host=details["host"], target="")
+            self.set_vm(vm, state="running", host=details["host"], target="", saved_as="")
         elif kind == "resume_failed":
             self.set_vm(vm, state="suspended", target="")
         else:
@@ -173,6 +207,18 @@ class FleetState:
     def set_host(self, name: str, snapshot: dict) -> None:
         """One host's entry of the snapshot (a host just added, before any reconcile)."""
         self.r.hset(P + "hosts", name, json.dumps(snapshot))
+
+    def sample_capacity(self, used_mib: int, total_mib: int, every: int = 60) -> bool:
+        """The fleet's memory used and total, at most once every `every` seconds (the reconcile
+        offers a sample each pass, on every node): a week of minutes is kept."""
+        if not self.r.set(CAPACITY + ":gate", "1", nx=True, ex=every):
+            return False
+        self.r.xadd(CAPACITY, {"time": f"{time.time():.3f}", "used": used_mib,
+                               "total": total_mib}, maxlen=CAPACITY_KEPT, approximate=True)
+        return True
+
+    def capacity_history(self, since: float) -> list[dict]:
+        return [f for _, f in self.r.xrange(CAPACITY, min=int(since * 1000))]
 
     def hosts(self) -> dict[str, dict]:
         return {n: json.loads(h) for n, h in sorted(self.r.hgetall(P + "hosts").items())}

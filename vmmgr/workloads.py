@@ -1,5 +1,7 @@
 """The built-in guest's workloads, turned into a kernel command line for `guest_image/init.sh`."""
 
+import re
+
 import netaddr
 
 from .errors import InvalidRequest
@@ -11,11 +13,30 @@ from .errors import InvalidRequest
 # rarer, not impossible (the lab takes a fixed QEMU). It costs a little on KVM, which is unaffected.
 BASE_CMDLINE = "console=ttyS0 quiet loglevel=0 panic=-1 pti=on"
 
+def whole(low: int, high: int):
+    """A parser for a whole number from `low` to `high`, in ASCII digits only: no sign,
+    exponent, superscript or 200-digit number reaches a guest's command line."""
+    def parse(value: str) -> int:
+        if not re.fullmatch(r"[0-9]{1,10}", value) or not low <= int(value) <= high:
+            raise ValueError(f"is not a whole number from {low} to {high}")
+        return int(value)
+    return parse
+
+
+def number(low: float, high: float):
+    """A parser for a decimal number from `low` to `high` (no nan, inf or exponent)."""
+    def parse(value: str) -> float:
+        if not re.fullmatch(r"[0-9]{1,10}(\.[0-9]{1,6})?", value) or not low <= float(value) <= high:
+            raise ValueError(f"is not a number from {low:g} to {high:g}")
+        return float(value)
+    return parse
+
+
 def endpoint(value: str) -> str:
     """IP:PORT, checked (it goes on a kernel command line)."""
     host, sep, port = value.rpartition(":")
     try:
-        if not sep or not 0 < int(port) < 65536:
+        if not sep or not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) < 65536:
             raise ValueError
         netaddr.IPAddress(host, version=4)
     except (ValueError, netaddr.AddrFormatError):
@@ -38,11 +59,12 @@ def endpoints(value: str) -> str:
 
 WORKLOADS = {
     # name: {parameter: (type, default)}
-    "counter": {"interval": (float, 0.2), "count": (int, 0)},
+    "counter": {"interval": (number(0.01, 86400), 0.2), "count": (whole(0, 10**9), 0)},
     # rewrites `mib` MiB of memory at `rate` MiB/s (0: flat out), verifying every page it rewrites
-    "dirtier": {"rate": (float, 8.0), "mib": (int, 32)},
+    "dirtier": {"rate": (number(0, 100000), 8.0), "mib": (whole(1, 1 << 20), 32)},
     # serves `mib` MiB of the `stream` generator's output at `rate` MiB/s (0: flat out) on `port`
-    "server": {"port": (int, 8080), "mib": (int, 200), "rate": (float, 0.0)},
+    "server": {"port": (whole(1, 65535), 8080), "mib": (whole(0, 1 << 30), 200),
+               "rate": (number(0, 100000), 0.0)},
     # downloads once from `from` (IP:PORT) and prints the SHA-256 of what arrived
     "fetch": {"from": (endpoint, "")},
     # tries a TCP connection to each IP:PORT (joined by +) and prints "reach IP:PORT open|closed";
@@ -77,9 +99,7 @@ def cmdline(workload: str, params: dict[str, str] | None = None) -> str:
         try:
             parsed = kind(value)
         except ValueError as err:
-            why = f"is not a {kind.__name__}" if kind in (int, float) else f"is wrong: {err}"
-            raise InvalidRequest(f"{workload} parameter {key}={value!r} {why}") from None
-        if isinstance(parsed, (int, float)) and parsed < 0:
-            raise InvalidRequest(f"{workload} parameter {key} must not be negative")
+            why = err if str(err).startswith("is ") else f"is wrong: {err}"
+            raise InvalidRequest(f"{workload} parameter {key}={value[:40]!r} {why}") from None
         words.append(f"vmmgr.{key}={parsed}")
     return " ".join(words)

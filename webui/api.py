@@ -7,17 +7,18 @@ once with `{"error": {"code", "message"}}` and change nothing. The OpenAPI docum
 
 from flask import Blueprint, g, jsonify, request, url_for
 
-from vmmgr import overview, requests
-from vmmgr.errors import InvalidRequest, NotFound
+from vmmgr import audit, overview, requests
+from vmmgr.errors import InvalidRequest, NotFound, VmmgrError
 from vmmgr.spec import validate_name
 
-from . import backend
+from . import backend, redact
 from .auth import api_role
 from .openapi import document
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 QUERY = {"api.list_tasks": {"count"}, "api.list_events": {"count"},
-         "api.list_vms": {"limit", "after"}}  # the rest take none
+         "api.list_vms": {"limit", "after"}, "api.get_usage": {"since", "until"},
+         "api.get_audit": {"since", "until", "who", "on"}}  # the rest: none
 VM_PAGE, VM_PAGE_MAX = 1000, 5000
 
 
@@ -56,7 +57,12 @@ def body(fields: dict[str, type], required: tuple[str, ...] = ()) -> dict:
 def act(build):
     """Check a request against the fleet (`build(fleet)` raises a refusal), queue it: 202."""
     with backend.fleet() as fleet:
-        req = build(fleet)
+        try:
+            req = build(fleet)
+        except VmmgrError as err:
+            backend.refused(f"{request.method} {request.path}", request.view_args.get("name", ""),
+                            request.get_json(silent=True) or {}, err)
+            raise
     task = backend.submit(req)
     backend.state().event(f"{task['op']} submitted by {g.user.name} (web API)", task=task["task"])
     return jsonify(task), 202
@@ -73,7 +79,7 @@ def openapi():
 @api_role("viewer")
 def list_hosts():
     with backend.fleet() as fleet:
-        return jsonify(overview.host_rows(fleet))
+        return jsonify(redact.hosts(overview.host_rows(fleet)))
 
 
 @bp.get("/hosts/<name>")
@@ -82,7 +88,7 @@ def get_host(name):
     validate_name(name, "host")
     with backend.fleet() as fleet:
         fleet.host(name)  # NotFound for an unknown host
-        return jsonify(next(r for r in overview.host_rows(fleet) if r["name"] == name))
+        return jsonify(redact.hosts([r for r in overview.host_rows(fleet) if r["name"] == name])[0])
 
 
 @bp.post("/hosts/<name>/drain")
@@ -144,8 +150,8 @@ def get_vm(name):
     validate_name(name)
     with backend.fleet() as fleet:
         row = overview.vm_row(fleet, name)
-    return jsonify(row | {"operation": backend.operation(name),
-                          "migrations": backend.state().migrations(name)})
+    return jsonify(redact.deep(row | {"operation": backend.operation(name),
+                                      "migrations": backend.state().migrations(name)}))
 
 
 @bp.delete("/vms/<name>")
@@ -168,7 +174,7 @@ def vm_migrations(name):
     validate_name(name)
     with backend.fleet() as fleet:
         overview.vm_row(fleet, name)  # NotFound for an unknown VM
-    return jsonify(backend.state().migrations(name))
+    return jsonify(redact.deep(backend.state().migrations(name)))
 
 
 @bp.post("/vms/<name>/migrate")
@@ -208,7 +214,7 @@ def resume_vm(name):
 @bp.get("/tasks")
 @api_role("viewer")
 def list_tasks():
-    return jsonify(backend.state().recent_tasks(_count(50)))
+    return jsonify(redact.deep(backend.state().recent_tasks(_count(50))))
 
 
 @bp.get("/tasks/<task_id>")
@@ -217,13 +223,29 @@ def get_task(task_id):
     status = backend.task_status(task_id) if len(task_id) <= 64 else None
     if status is None:
         raise NotFound(f"unknown task {task_id!r}")
-    return jsonify(status)
+    return jsonify(redact.deep(status))
 
 
 @bp.get("/events")
 @api_role("viewer")
 def list_events():
-    return jsonify(backend.state().events(count=_count(100)))
+    return jsonify(redact.deep(backend.state().events(count=_count(100))))
+
+
+@bp.get("/usage")
+@api_role("viewer")
+def get_usage():
+    """Seconds per VM and state in [since, until) (default: the last 30 days)."""
+    return jsonify(backend.usage_window(request.args))
+
+
+@bp.get("/audit")
+@api_role("admin")
+def get_audit():
+    """The audit trail in [since, until) (default: the last 7 days)."""
+    window = backend.window(request.args, "7d")
+    who, on = request.args.get("who"), request.args.get("on")
+    return jsonify(audit.trail(backend.state().r, *window, who or None, on or None))
 
 
 def _count(default: int) -> int:

@@ -1,18 +1,20 @@
 """The console's one door to the fleet: Fleet and the fleet view (both in the store, Redis) for
 what is, the task API for what to do, FleetState for records, progress and events."""
 
+import codecs
 import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from celery.result import AsyncResult
-from flask import current_app
+from flask import current_app, g, request
 
 from tasks import client
 from tasks.app import CONTROL_QUEUE, app as celery_app, host_queue, use_broker
 from tasks.runtime import LockSpec
-from vmmgr import console
+from vmmgr import audit, console, usage
+from vmmgr.errors import InvalidRequest
 from vmmgr.fleet import Fleet
 from vmmgr.paths import Paths
 from vmmgr.requests import Request
@@ -44,12 +46,27 @@ def state() -> FleetState:
     return FleetState(broker_url())
 
 
+def actor() -> dict:
+    """Who is asking, for the audit trail: the user, how (page or API, with the token's id) and
+    from where."""
+    return {"who": g.user.name, "via": "api" if request.path.startswith("/api/") else "web",
+            "client": request.remote_addr or "", "token": g.get("token_id", "")}
+
+
+def refused(action: str, target: str, args: dict, err: Exception) -> None:
+    """A request the console refused (nothing changed), in the audit trail."""
+    try:
+        audit.record(state().r, actor(), action, target, args, f"refused: {err}")
+    except Exception:
+        pass  # no store: nothing could have changed either
+
+
 def submit(req: Request) -> dict:
     """Queue a checked request; the lock is taken first, so a busy VM is refused here."""
     broker_url()
     queue = host_queue(req.host) if req.host else CONTROL_QUEUE
     task_id = client.submit(paths(), req.op, req.kwargs, queue,
-                            LockSpec(*req.lock) if req.lock else None)
+                            LockSpec(*req.lock) if req.lock else None, actor=actor())
     return {"task": task_id, "op": req.op, "queue": queue}
 
 
@@ -114,13 +131,28 @@ def progress_stream(vm: str) -> Iterator[dict]:
 
 def console_stream(vm: str, tail: int = 65536) -> Iterator[str]:
     """The VM's serial output as text: the last `tail` bytes written so far, then what follows,
-    across every host the VM moves to."""
-    consoles = paths().consoles
+    across every host the VM moves to. A viewer costs a chunk of memory, not the log's size."""
     deadline = time.monotonic() + current_app.config["SSE_MAX_SECONDS"]
-    skip = max(0, len(console.read(consoles, vm)) - tail)
-    for chunk in console.follow(consoles, vm, stop=lambda: time.monotonic() > deadline):
-        if skip:
-            cut = min(skip, len(chunk))
-            chunk, skip = chunk[cut:], skip - cut
-        if chunk:
-            yield chunk.decode("utf-8", "replace")
+    text = codecs.getincrementaldecoder("utf-8")("replace")  # a character may span two reads
+    for chunk in console.follow(paths().consoles, vm, tail=tail,
+                                stop=lambda: time.monotonic() > deadline):
+        if decoded := text.decode(chunk):
+            yield decoded
+
+
+def window(args, since_default: str) -> tuple[float, float]:
+    """The [since, until) a query asks for (`until` defaults to now); a bad time is refused."""
+    now = time.time()
+    try:
+        since = usage.parse_time(args.get("since", since_default), now)
+        until = usage.parse_time(args["until"], now) if "until" in args else now
+    except ValueError as err:
+        raise InvalidRequest(str(err)) from None
+    if until <= since:
+        raise InvalidRequest("until must come after since")
+    return since, until
+
+
+def usage_window(args) -> dict:
+    """Usage in the window the query asks for (default: the last 30 days)."""
+    return usage.report(state(), *window(args, "30d"))

@@ -7,6 +7,8 @@ from werkzeug.exceptions import HTTPException
 from vmmgr.errors import (Conflict, HostUnreachable, InvalidRequest, MigrationFailed, NotFound,
                           VmmgrError)
 
+from . import redact
+
 # (HTTP status, stable code) per kind of failure; the most specific class first.
 CODES = [
     (InvalidRequest, 400, "invalid_request"),
@@ -51,20 +53,21 @@ def error_body(status: int, code: str, message: str):
 
 
 def _is_api() -> bool:
-    return request.path.startswith("/api/")
+    return request.path.startswith("/api/") or request.path == "/metrics"
 
 
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(VmmgrError)
     def vmmgr_error(err: VmmgrError):
         status, code = classify(err)
+        message = redact.text(str(err))  # a viewer sees no host URI in an error either
         if not _is_api():
-            return render_template("error.html", status=status, message=str(err)), status
-        return error_body(status, code, str(err))
+            return render_template("error.html", status=status, message=message), status
+        return error_body(status, code, message)
 
     @app.errorhandler(redis.RedisError)
     def broker_down(err):
-        message = f"the task broker does not answer: {err}"
+        message = redact.text(f"the task broker does not answer: {err}")
         if not _is_api():
             return render_template("error.html", status=503, message=message), 503
         return error_body(503, "broker_unavailable", message)

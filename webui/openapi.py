@@ -33,7 +33,7 @@ SCHEMAS = {
                   "devices": {"type": "array", "items": _obj(
                       {"address": STR, "model": STR, "kind": STR}, ["address", "model", "kind"])},
                   "free_devices": {"type": "array", "items": STR}},
-                 ["name", "uri", "accel", "state", "reachable"]),
+                 ["name", "accel", "state", "reachable"]),  # no uri for viewers
     "MovesBy": _obj({"mode": {"type": "string", "enum": [
         "live migration", "guest hibernation", "suspend to disk", "resume"]}, "reason": STR},
                     ["mode", "reason"]),
@@ -59,6 +59,13 @@ SCHEMAS = {
     "Event": _obj({"id": STR, "time": STR, "kind": STR, "vm": STR, "host": STR, "task": STR,
                    "message": STR}, ["id", "time", "kind", "message"]),
 }
+SCHEMAS["UsageReport"] = _obj({"since": NUM, "until": NUM, "vms": {"type": "array", "items": _obj(
+    {"vm": STR, **{k: NUM for k in ("running", "migrating", "blackout", "suspended", "parked",
+                                    "hibernated", "stopped")}}, ["vm"])}},
+    ["since", "until", "vms"])
+SCHEMAS["AuditEntry"] = _obj({k: STR for k in ("time", "who", "via", "client", "token", "action",
+                                               "target", "outcome", "task", "result")}
+                             | {"args": {}}, ["time", "who", "via", "action", "outcome"])
 SCHEMAS["VMDetail"] = {"allOf": [{"$ref": "#/components/schemas/VM"}, _obj({
     "operation": {"$ref": "#/components/schemas/Operation"},
     "migrations": {"type": "array", "items": {"$ref": "#/components/schemas/Migration"}}},
@@ -135,6 +142,13 @@ VM_PAGE = [{"name": "limit", "in": "query", "required": False,
             "schema": NAME}]
 
 
+WHEN = {"type": "string", "pattern": "^[0-9A-Za-z:.+-]{1,40}$"}
+USAGE_WINDOW = [{"name": "since", "in": "query", "required": False, "schema": WHEN,
+                 "description": "Unix seconds, ISO 8601, or 90m/6h/7d before now (default 30d)"},
+                {"name": "until", "in": "query", "required": False, "schema": WHEN,
+                 "description": "The same forms (default: now)"}]
+
+
 def document() -> dict:
     vm, host = [_path_param("name")], [_path_param("name")]
     paths = {
@@ -170,6 +184,17 @@ def document() -> dict:
                                         (401, 404, 503), params=[_path_param("task_id")])},
         "/events": {"get": _op("The event log, oldest first", (200, _list("Event"), "Events"),
                                (400, 401, 503), params=[COUNT])},
+        "/usage": {"get": _op("Seconds each VM ran, moved (blackouts apart), waited suspended "
+                              "or parked and slept hibernated in [since, until)",
+                              (200, _ref("UsageReport"), "Usage"), (400, 401, 503),
+                              params=USAGE_WINDOW)},
+        "/audit": {"get": _op("The audit trail: who asked for what, on what, when, and how it "
+                              "ended", (200, _list("AuditEntry"), "Requests, oldest first"),
+                              (400, 401, 403, 503), params=USAGE_WINDOW + [
+                                  {"name": "who", "in": "query", "required": False,
+                                   "schema": STR}, {"name": "on", "in": "query",
+                                                    "required": False, "schema": STR}],
+                              role="admin")},
     }
     for path, item in paths.items():
         if "{name}" in path:

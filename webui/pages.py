@@ -6,19 +6,20 @@ refusal (nothing changed) or the queued task flashed at the top.
 
 import itertools
 import json
+import time
 
 from flask import (Blueprint, Response, flash, g, redirect, render_template, request,
                    stream_with_context, url_for)
 
 from markupsafe import Markup, escape
 
-from vmmgr import overview, requests
+from vmmgr import overview, requests, usage
 from vmmgr.errors import InvalidRequest, NotFound, VmmgrError
 from vmmgr.policy import DEFAULT_POLICY, POLICIES
 from vmmgr.spec import validate_name
 from vmmgr.workloads import WORKLOADS
 
-from . import backend
+from . import backend, charts, redact
 from .auth import page_role
 
 bp = Blueprint("pages", __name__)
@@ -30,10 +31,26 @@ VM_PAGE = 500  # rows on the VMs page; the rest a link away
 def fleet():
     with backend.fleet() as f:
         views = f.state.vm_views()
-        hosts = overview.host_rows(f, views)
+        hosts = redact.hosts(overview.host_rows(f, views))
         # The page lists each host's VMs by name; only the parked ones need a full row.
         parked = overview.vm_rows(f, hosts, [v for v in views if v["host"] == "-"])
-    return render_template("fleet.html", hosts=hosts, vms=parked, vm_links=_vm_links(hosts))
+        history = f.state.capacity_history(time.time() - 86400)
+    return render_template("fleet.html", hosts=hosts, vms=parked, vm_links=_vm_links(hosts),
+                           capacity_chart=charts.lines(
+                               [float(h["time"]) for h in history],
+                               {"used MiB": [float(h["used"]) for h in history],
+                                "total MiB": [float(h["total"]) for h in history]},
+                               "MiB", "Fleet memory used and total, last 24 hours"))
+
+
+@bp.app_template_global()
+def blackout_chart(migrations: list[dict]):
+    """Each completed hop's blackout, oldest first (the history lists newest first)."""
+    hops = [m for m in reversed(migrations)
+            if m.get("status") == "completed" and m.get("downtime_ms") is not None]
+    return charts.bars([float(m["downtime_ms"]) for m in hops],
+                       [f"{m.get('source')} -> {m.get('target')}" for m in hops],
+                       "ms", "Blackout per hop")
 
 
 def _vm_links(hosts: list[dict]) -> dict[str, Markup]:
@@ -74,8 +91,9 @@ def vm(name):
         hosts = [h["name"] for h in overview.host_rows(f)]
     st = backend.state()
     return render_template("vm.html", vm=row, targets=targets, hosts=hosts,
-                           migrations=list(reversed(st.migrations(name))),
-                           operation=backend.operation(name), events=st.events(200, vm=name)[-20:],
+                           migrations=redact.deep(list(reversed(st.migrations(name)))),
+                           operation=backend.operation(name),
+                           events=redact.deep(st.events(200, vm=name)[-20:]),
                            policies=POLICIES, default_policy=DEFAULT_POLICY)
 
 
@@ -86,13 +104,30 @@ def vm_summary(name):
     with backend.fleet() as f:
         row = overview.vm_row(f, name)
     return render_template("vm_summary.html", vm=row,
-                           migrations=list(reversed(backend.state().migrations(name))))
+                           migrations=redact.deep(
+                               list(reversed(backend.state().migrations(name)))))
+
+
+@bp.get("/usage")
+@page_role("viewer")
+def usage_page():
+    try:
+        # the form sends its empty fields: "not given" (the API takes none empty)
+        report = backend.usage_window({k: v for k, v in request.args.items() if v})
+    except InvalidRequest as err:
+        flash(f"refused: {err}", "error")
+        report = backend.usage_window({})
+    return render_template("usage.html", report=report, categories=usage.CATEGORIES,
+                           window=max(report["until"] - report["since"], 1e-9),
+                           since_text=request.args.get("since", "30d"),
+                           until_text=request.args.get("until", ""))
 
 
 @bp.get("/events")
 @page_role("viewer")
 def events():
-    return render_template("events.html", events=list(reversed(backend.state().events(300))))
+    return render_template("events.html",
+                           events=redact.deep(list(reversed(backend.state().events(300)))))
 
 
 # ---- live streams (server-sent events) -------------------------------------------------------
@@ -109,8 +144,13 @@ def _sse(chunks) -> Response:
 @bp.get("/vms/<name>/progress")
 @page_role("viewer")
 def vm_progress(name):
-    backend.broker_url()
-    return _sse(backend.progress_stream(name))
+    # Only for a VM that exists or has an operation (one being created): a stream held open
+    # for any name would let a few viewers tie up the server's threads.
+    if not (backend.operation(name) or backend.last_operation(name)):
+        with backend.fleet() as f:
+            if f.find(name) is None and not f.is_suspended(name):
+                raise NotFound(f"unknown VM {name!r}")
+    return _sse(redact.deep(snap) for snap in backend.progress_stream(name))
 
 
 @bp.get("/vms/<name>/console")
@@ -128,7 +168,15 @@ def _act(build, back: str):
     """Check and queue a request built from the fleet; flash the outcome and go back."""
     try:
         with backend.fleet() as f:
-            req = build(f)
+            try:
+                req = build(f)
+            except VmmgrError as err:
+                args = request.view_args or {}
+                backend.refused(args.get("action") or request.endpoint.rsplit("_", 1)[-1],
+                                args.get("name") or request.form.get("name", ""),
+                                {k: v for k, v in request.form.items() if k != "csrf_token"},
+                                err)
+                raise
         task = backend.submit(req)
         backend.state().event(f"{req.op} submitted by {g.user.name} (web console)",
                               task=task["task"])
@@ -142,8 +190,9 @@ def _int(field: str, default: int | None) -> int | None:
     raw = request.form.get(field, "").strip()
     if not raw:
         return default
-    if not raw.isdigit():
-        raise InvalidRequest(f"{field} must be a whole number, not {raw!r}")
+    # ASCII digits only: isdigit() lets a superscript two through, which int() then refuses
+    if not (raw.isascii() and raw.isdecimal()) or len(raw) > 9:
+        raise InvalidRequest(f"{field} must be a whole number, not {raw[:20]!r}")
     return int(raw)
 
 

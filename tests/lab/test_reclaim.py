@@ -4,7 +4,42 @@ import json
 import subprocess
 import time
 
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from vmmgr.policy import POLICIES
+from vmmgr.users import Users
+
 from .conftest import VMMGR, assert_contiguous, cli, ticks, wait_ticks, where_defined
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+
+
+@pytest.fixture
+def scrape(lab, paths):
+    """GET /metrics of a console on the lab, as Prometheus would, with a viewer's token."""
+    from webui import create_app
+
+    users = Users(paths.users)
+    users.add("metrics-scraper", "a long scraper password", "viewer", replace=True)
+    token, client = users.new_token("metrics-scraper"), create_app(paths).test_client()
+
+    def get() -> dict:
+        r = client.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200, r.get_data(as_text=True)
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "metrics-scrape.txt").write_text(r.get_data(as_text=True))
+        return {s.name + str(sorted(s.labels.items())): s.value
+                for f in text_string_to_metric_families(r.get_data(as_text=True))
+                for s in f.samples}
+    yield get
+    users.remove("metrics-scraper")
+
+
+def metric(samples: dict, name: str, **labels) -> float:
+    return samples.get(name + str(sorted(labels.items())), 0.0)
 
 
 def counters(make_vm, paths, names, host="host1"):
@@ -19,12 +54,24 @@ def host_state(name):
     return hosts[name]["state"]
 
 
-def test_reclaim_moves_every_vm_when_others_have_room(make_vm, fleet, paths):
+def test_reclaim_moves_every_vm_when_others_have_room(make_vm, fleet, paths, scrape):
     names = ["rc1", "rc2", "rc3"]
     counters(make_vm, paths, names)
+    before = scrape()
     try:
         report = json.loads(cli("host", "reclaim", "host1", "--json", check_code=0).stdout)
         assert sorted(report["migrated"]) == names and report["suspended"] == []
+        # Prometheus sees the reclaim and its three migrations (counted by the workers that
+        # did them, into the store), and the VMs' new hosts' room.
+        after = scrape()
+        grew = lambda name, **labels: metric(after, name, **labels) - metric(before, name, **labels)  # noqa: E731
+        assert grew("vmmgr_evacuated_vms_total", kind="reclaim", outcome="migrated") == 3
+        assert grew("vmmgr_evacuations_total", kind="reclaim") == 1
+        assert sum(grew("vmmgr_migrations_total", outcome="completed", policy=p)
+                   for p in [*POLICIES, "-"]) == 3
+        assert grew("vmmgr_migration_blackout_seconds_count") == 3
+        assert grew("vmmgr_migration_sent_bytes_total") > 3 * 1024 * 1024
+        assert metric(after, "vmmgr_vms", state="running") >= 3
         assert host_state("host1") == "reclaimed"
         assert fleet.host("host1").guests() == []
         for name in names:

@@ -143,3 +143,25 @@ def test_a_host_that_does_not_answer_blocks_creating_a_vm_it_may_hold(lab, make_
         subprocess.run([*ipt, "-D", "INPUT", *rule], check=True)
     with Fleet(paths) as f:
         assert where_defined(f, "twinned") == ["host3"]
+
+
+def test_usage_shows_the_time_a_vm_was_parked_to_the_second(lab, make_vm, fleet, paths):
+    """Parked for a measured time (from the park's return to the resume's return, as the
+    operations record their outcomes just before returning): the usage report says the same,
+    within a second, and counts the rest of the window as running."""
+    from vmmgr import operations, usage
+
+    make_vm("metered", interval=0.2)
+    wait_ticks(paths, "metered", 3)
+    report = operations.LocalReport(fleet)
+    t0 = time.time()
+    operations.suspend(fleet, report, "metered", parked=True)
+    parked_at = time.time()
+    time.sleep(6)
+    operations.resume(fleet, report, "metered")
+    measured = time.time() - parked_at
+    time.sleep(1)
+    [row] = [r for r in usage.report(fleet.state, t0 - 60, time.time())["vms"]
+             if r["vm"] == "metered"]
+    assert abs(row["parked"] - measured) <= 1, (row, measured)
+    assert row["suspended"] < 5 and row["running"] > 1  # the save itself counts as suspending

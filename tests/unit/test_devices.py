@@ -93,3 +93,20 @@ def test_how_a_vm_with_a_device_would_move():
     assert "h3: needs 1 a100-80g device, 0 free" in how["reason"]
     # Without devices: live migration where there is room.
     assert how_it_moves(target_choices("h1", 256, 1, hosts))["mode"] == "live migration"
+
+
+def test_a_swap_disk_is_private_to_its_owner(tmp_path):
+    """A hibernation image is the guest's whole memory: 0600, even over an older world-readable
+    file of the same name."""
+    from types import SimpleNamespace
+
+    from vmmgr.fleet import Fleet
+
+    old = tmp_path / "disks" / "g-swap.img"
+    old.parent.mkdir()
+    old.write_bytes(b"x")
+    old.chmod(0o644)
+    fleet = SimpleNamespace(swap_disk_path=lambda vm: tmp_path / "disks" / f"{vm}-swap.img")
+    path = Fleet._make_swap_disk(fleet, SimpleNamespace(name="g", memory_mib=64))
+    assert path == old and (path.stat().st_mode & 0o777) == 0o600
+    assert path.stat().st_size == 128 * 1024 * 1024

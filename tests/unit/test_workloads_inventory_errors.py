@@ -17,8 +17,18 @@ def test_counter_cmdline():
 @pytest.mark.parametrize("workload,params,match", [
     ("mine", {}, "unknown workload"),
     ("counter", {"speed": "1"}, "no parameter"),
-    ("counter", {"count": "ten"}, "not a int"),
-    ("counter", {"interval": "-1"}, "negative"),
+    ("counter", {"count": "ten"}, "not a whole number"),
+    ("counter", {"interval": "-1"}, "not a number from 0.01"),
+    # strict numbers: what float() and int() take but a guest must never get
+    ("counter", {"interval": "nan"}, "not a number"),
+    ("counter", {"interval": "inf"}, "not a number"),
+    ("counter", {"interval": "1e3"}, "not a number"),
+    ("counter", {"count": "1" * 200}, "not a whole number"),
+    ("counter", {"count": "\u00b2"}, "not a whole number"),  # a superscript two: isdigit() says yes
+    ("counter", {"count": "\u0663"}, "not a whole number"),  # an Arabic-Indic three: int() takes it
+    ("server", {"port": "99999"}, "from 1 to 65535"),
+    ("server", {"port": "0"}, "from 1 to 65535"),
+    ("fetch", {"from": "10.0.0.1:\u0668\u0660"}, "not IP:PORT"),
 ])
 def test_bad_workloads(workload, params, match):
     with pytest.raises(InvalidRequest, match=match):

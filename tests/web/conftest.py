@@ -6,10 +6,17 @@ import re
 import pytest
 
 from vmmgr.paths import Paths
+from vmmgr import users as users_mod
 from vmmgr.users import Users
 from webui import create_app
 
 PASSWORD = "correct horse battery"
+
+
+@pytest.fixture(autouse=True)
+def cheap_hashes(monkeypatch):
+    """Production's scrypt costs 128 MiB and ~0.3 s a hash; these tests make hundreds."""
+    monkeypatch.setitem(users_mod.SCRYPT, "n", 2**10)
 
 
 @pytest.fixture

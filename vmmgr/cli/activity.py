@@ -82,3 +82,33 @@ def events(paths: Paths, limit: int, vm: str | None, follow: bool, as_json: bool
             last = batch[-1]["id"] if batch else last
     except KeyboardInterrupt:
         pass
+
+
+@cli.command("audit")
+@click.option("--since", default="7d", show_default=True,
+              help="Start: unix seconds, ISO 8601 (UTC unless it says), or 90m/6h/7d before now.")
+@click.option("--until", default="", help="End (default: now); the same forms.")
+@click.option("--who", default=None, help="Only this user's requests.")
+@click.option("--on", "target", default=None, help="Only requests on this VM or host.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def audit_trail(paths: Paths, since: str, until: str, who: str | None, target: str | None,
+                as_json: bool) -> None:
+    """Who asked for what, on what, when, and how it ended (CLI, console and API alike)."""
+    from .. import audit, usage
+
+    now = time.time()
+    try:
+        lo = usage.parse_time(since, now)
+        hi = usage.parse_time(until, now) if until else now
+    except ValueError as err:
+        raise InvalidRequest(str(err)) from None
+    rows = audit.trail(_state(paths).r, lo, hi, who, target)
+    if as_json:
+        return emit_json(rows)
+    click.echo(display.table(
+        ["time", "who", "via", "from", "action", "on", "outcome", "result"],
+        [[datetime.fromtimestamp(float(r["time"])).strftime("%Y-%m-%d %H:%M:%S"), r["who"],
+          r["via"] + (f" token {r['token']}" if r.get("token") else ""), r["client"], r["action"],
+          r["target"], r["outcome"] + (f" ({r['task'][:8]})" if r.get("task") else ""),
+          r["result"]] for r in rows]))

@@ -20,8 +20,73 @@ def main() -> None:
         err.show()
         sys.exit(err.exit_code)
     except VmmgrError as err:
+        _audit_refusal(sys.argv[1:], err)
         click.echo(f"vmmgr: error: {err}", err=True)
         sys.exit(err.exit_code)
+
+
+# Commands that change nothing: their failures are not requests refused.
+READ_ONLY = {"tasks", "events", "demo", "lab", "web", "usage", "audit", "net status",
+             "host list", "migrate policies", "user list", "user tokens", "vm list", "vm show",
+             "vm console"}
+SECRET = {"password"}
+
+
+def _audit_refusal(argv: list[str], err: VmmgrError) -> None:
+    """A mutating command refused before it was handed to a task or run (nothing changed):
+    into the audit trail, if there is one. After that, the task's run records its outcome."""
+    from . import dispatch
+
+    if dispatch.handed_over:
+        return
+    path, params = _command_of(argv)
+    action = " ".join(path)
+    if not path or path[0] in READ_ONLY or action in READ_ONLY:
+        return
+    home = params.pop("home", None)
+    target = next((str(params[k]) for k in ("name", "vm", "host") if params.get(k)), "")
+    audit_cli(Paths(Path(home)) if home else default_paths(), action, target, f"refused: {err}",
+              {k: v for k, v in params.items() if k not in SECRET and v is not None})
+
+
+def _command_of(argv: list[str]) -> tuple[list[str], dict]:
+    """The command path and its parameters, parsed as click parsed them (without running
+    anything): `vm create NAME --memory 256` -> (["vm", "create"], {"name": ..., ...})."""
+    try:
+        ctx = cli.make_context("vmmgr", list(argv), resilient_parsing=True)
+        params, cmd, path = dict(ctx.params), cli, []
+        rest = _rest(ctx)
+        while isinstance(cmd, click.Group) and rest:
+            name, cmd, rest = cmd.resolve_command(ctx, rest)
+            if cmd is None:
+                break
+            path.append(name)
+            ctx = cmd.make_context(name, rest, parent=ctx, resilient_parsing=True)
+            params |= ctx.params
+            rest = _rest(ctx)
+        return path, params
+    except (click.ClickException, click.exceptions.Exit, IndexError):
+        return [], {}
+
+
+def _rest(ctx: click.Context) -> list[str]:
+    # A group's subcommand and its words: click 8.2+ keeps them apart (and deprecates reading
+    # `protected_args`; from click 9 `args` alone holds them).
+    return [*getattr(ctx, "_protected_args", ()), *ctx.args]
+
+
+def audit_cli(paths: Paths, action: str, target: str, outcome: str,
+              args: dict | None = None) -> None:
+    """Record a CLI action done here (not through a task) in the audit trail."""
+    from .. import audit
+    from ..state import FleetState
+
+    try:
+        url = paths.redis_url()
+        if url:
+            audit.record(FleetState(url).r, audit.cli_actor(), action, target, args, outcome)
+    except Exception:
+        pass  # no store reachable: the command's own outcome stands
 
 
 def log_line(msg: str) -> None:

@@ -14,7 +14,11 @@ import click
 from ..fleet import Fleet
 from ..locks import Lease
 from ..paths import Paths
-from .base import log_line, progress_printer
+from .. import audit
+from .base import audit_cli, log_line, progress_printer
+
+
+handed_over = False  # the request was checked and handed to a task (or run here)
 
 
 def wait_option(f):
@@ -40,6 +44,8 @@ def run_operation(paths: Paths, op: str, kwargs: dict, *, host: str | None,
 
     `host` names the host whose worker should run it (None: any worker, on the control queue).
     """
+    global handed_over
+    handed_over = True  # from here on, the outcome is the operation's, recorded by its run
     url = paths.redis_url()
     if url is None or in_process():
         return _here(paths, op, kwargs, lock, progress, events)
@@ -69,10 +75,18 @@ def _here(paths: Paths, op: str, kwargs: dict, lock, progress: bool, events: boo
         if op == "reconcile":
             lock = ("fleet", "reconcile", "reconcile")
         held = Lease(fleet.state, lock[0], lock[1], fleet.owner, lock[2]) if lock else nullcontext()
+        outcome = "failed"
         try:
             with held:
                 if op == "reconcile":
-                    return reconcile.reconcile(fleet, report)
-                return operations.OPERATIONS[op](fleet, report, **kwargs)
+                    result = reconcile.reconcile(fleet, report)
+                else:
+                    result = operations.OPERATIONS[op](fleet, report, **kwargs)
+            outcome = "ok"
+            return result
+        except Exception as err:
+            outcome = f"failed: {err}"
+            raise
         finally:
             show(None)
+            audit_cli(paths, op, audit.target_of(kwargs), f"{outcome} (run in the CLI)", kwargs)
