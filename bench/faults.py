@@ -220,6 +220,10 @@ def redis_mid_reclaim(c: Lab3, fleet: Fleet) -> None:
     # The reclaim's acknowledgement may have been lost with Redis: its message comes back after
     # the visibility timeout, and must not empty the host enabled since.
     time.sleep(VISIBILITY_TIMEOUT + 15)
+    # Celery's consumer may die on the reconnect ("Unrecoverable error ... 'hostname'", seen when
+    # it was restoring an unacknowledged message as Redis went): its worker ends once its task
+    # is done. systemd restarts it on a real host (Restart=always); here `lab up` does.
+    c.lab.up(3)
     runs = c.state.task(task).get("runs")
     if fleet.host("host1").record.state != "active" or runs != "1":
         raise RuntimeError(f"the reclaim ran again ({runs} runs): host1 is "
