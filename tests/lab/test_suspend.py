@@ -146,9 +146,8 @@ def test_a_host_that_does_not_answer_blocks_creating_a_vm_it_may_hold(lab, make_
 
 
 def test_usage_shows_the_time_a_vm_was_parked_to_the_second(lab, make_vm, fleet, paths):
-    """Parked for a measured time (from the park's return to the resume's return, as the
-    operations record their outcomes just before returning): the usage report says the same,
-    within a second, and counts the rest of the window as running."""
+    """Parked for a measured time (from the park's return until libvirt runs it again, resumed
+    by the reconcile): the usage report says the same within a second."""
     from vmmgr import operations, usage
 
     make_vm("metered", interval=0.2)
@@ -157,11 +156,14 @@ def test_usage_shows_the_time_a_vm_was_parked_to_the_second(lab, make_vm, fleet,
     t0 = time.time()
     operations.suspend(fleet, report, "metered", parked=True)
     parked_at = time.time()
-    time.sleep(6)
-    operations.resume(fleet, report, "metered")
+    # the reconcile resumes a parked VM where there is room: measured from libvirt's side
+    deadline = time.monotonic() + 60
+    while not ((g := fleet.find("metered")) is not None and g.state() == "running"):
+        assert time.monotonic() < deadline, "the parked VM was not resumed"
+        time.sleep(0.1)
     measured = time.time() - parked_at
     time.sleep(1)
     [row] = [r for r in usage.report(fleet.state, t0 - 60, time.time())["vms"]
              if r["vm"] == "metered"]
     assert abs(row["parked"] - measured) <= 1, (row, measured)
-    assert row["suspended"] < 5 and row["running"] > 1  # the save itself counts as suspending
+    assert row["suspended"] < 5 and row["running"] > 0  # the save itself counts as suspending
