@@ -86,12 +86,13 @@ class FleetState:
 
     # ---- VMs ----------------------------------------------------------------------------
 
-    def set_vm(self, name: str, usage: str | None = None, **fields) -> None:
-        """Change the VM's record; a change of state is also appended to the usage stream (as
-        `usage` where the state alone does not say how it is billed: parked, hibernated)."""
+    def set_vm(self, name: str, **fields) -> None:
+        """Change the VM's record; a change of state is also appended to the usage stream (a
+        saved VM as its suspend said it was saved: suspended, parked or hibernated)."""
         now = time.time()
         fields["updated"] = f"{now:.3f}"
-        if usage is None and fields.get("state") in ("suspended", "resuming"):
+        usage = None
+        if fields.get("state") in ("suspended", "resuming"):
             # still saved: billed as it was saved (its suspend said how), whoever records it
             usage = (fields.get("saved_as") or self.r.hget(P + f"vm:{name}", "saved_as")
                      or "suspended")
