@@ -1,5 +1,6 @@
 """The lab's control plane: a Redis server, one Celery worker per lab host (inside that host's
-network namespace, consuming its own queue and `control`) and Celery beat (running reconcile).
+network namespace, consuming its own queue and `control`), Celery beat (running reconcile) and
+Flower (Celery's own monitor, on the control node's loopback), as the `control` role runs them.
 
 A host's worker sees what a real host's worker sees: its own home at the same path as the control
 node's (`VMMGR_HOME`), holding only the files the `vmmgr_worker` role writes there (edge.json,
@@ -30,6 +31,7 @@ RECONCILE_SECONDS = 5  # the lab resumes parked VMs quickly; production's defaul
 VISIBILITY_TIMEOUT = 20  # a dead worker's task comes back after this many seconds
 WORKER_THREADS = 6  # a drain, a migration per VM in it, a cancel: all at once
 READY_TIMEOUT = 60
+FLOWER_PORT = 5555  # Flower's default, on loopback as on a control node (reached by SSH tunnel)
 
 
 class Services:
@@ -138,6 +140,14 @@ class Services:
                "--logfile", str(self.root / "beat.log")]
         self._spawn("beat", cmd, self.env())
 
+    def start_flower(self) -> None:
+        """The same command line as the control role's vmmgr-flower unit."""
+        if self._alive("flower"):
+            return
+        cmd = [sys.executable, "-X", f"vmmgr-lab={self.root}", "-m", "celery", "-A", "tasks.app",
+               "flower", "--address=127.0.0.1", f"--port={FLOWER_PORT}", "--logging=info"]
+        self._spawn("flower", cmd, self.env())
+
     def worker_pid(self, host: str) -> int | None:
         return self._pid(f"worker-{host}") if self._alive(f"worker-{host}") else None
 
@@ -147,7 +157,8 @@ class Services:
     # ---- all of it ------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop beat and Redis (workers go with their host namespaces), found by command line."""
+        """Stop beat, Flower and Redis (workers go with their host namespaces), found by command
+        line."""
         mine = [pid for pid in _pids() if str(self.root) in _cmdline(pid)]
         for pid in mine:
             _signal(pid, signal.SIGTERM)

@@ -259,15 +259,18 @@ def test_site_yml_sets_up_a_host_and_an_edge_and_a_second_run_changes_nothing(tr
     def wants(tree):
         return sorted(str(p.relative_to(tree)) for p in (tree / "etc/systemd/system").glob("*.wants/*"))
 
-    for unit in ("vmmgr-worker.service", "vmmgr-beat.service", "wg-quick@wg0.service",
+    for unit in ("vmmgr-worker.service", "vmmgr-beat.service", "vmmgr-flower.service",
+                 "wg-quick@wg0.service",
                  "redis-server.service", "systemd-networkd.service"):
         assert enabled(host, unit), f"{unit} not enabled; links: {' '.join(wants(host))}"
     assert enabled(host, "libvirtd-tls.socket") and enabled(host, "vmmgr-guest-firewall.service")
     assert enabled(edge, "nftables.service") and enabled(edge, "wg-quick@wg0.service"), wants(edge)
 
-    # The worker's virtualenv really holds vmmgr and its task API.
+    # The worker's virtualenv really holds vmmgr, its task API and Flower's.
     proc = run(["chroot", str(host), "/opt/vmmgr/venv/bin/python", "-c",
-                "import vmmgr.fleet, tasks.ops"])
+                "import vmmgr.fleet, tasks.ops, flower.command"])
+    flower_unit = (host / "etc/systemd/system/vmmgr-flower.service").read_text()
+    assert "--address=127.0.0.1" in flower_unit, flower_unit  # loopback only, as in the lab
     assert proc.returncode == 0, proc.stderr
 
     second = _play(inventory)

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -16,11 +17,13 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from vmmgr.lab_services import FLOWER_PORT
+from vmmgr.state import FleetState
 from vmmgr.users import Users
 
 from tests.conftest import free_port, wait_for_port
 
-from .conftest import VMMGR, assert_contiguous, ticks, where_defined
+from .conftest import VMMGR, assert_contiguous, cli, ticks, where_defined
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 USER, PASSWORD = "web-test-operator", "a long test password"
@@ -159,3 +162,30 @@ def test_migrate_watch_and_cancel_in_a_browser(console_url, browser, make_vm, fl
     assert where_defined(fleet, "web1") == ["host2"]
     assert fleet.locate("web1").state() == "running"
     d.save_screenshot(str(ARTIFACTS / "web-cancelled.png"))
+
+
+def test_flower_lists_a_task_the_test_ran(lab, browser, paths):
+    """Flower, which the lab runs on the control node's loopback as the control role's unit
+    does, opens in the browser and lists a task this test ran through the task API."""
+    cli("host", "enable", "host3", check_code=0)
+    state = FleetState(paths.redis_url())
+    task = next(t["id"] for t in state.recent_tasks(50) if t.get("name") == "enable_host")
+    flower = f"http://127.0.0.1:{FLOWER_PORT}"
+    d = browser
+    until(lambda: _answers(flower), 30, "Flower does not answer")
+    d.get(f"{flower}/tasks")
+    until(lambda: task in d.find_element(By.TAG_NAME, "body").text, 30,
+          f"Flower's task list lacks {task}")
+    d.get(f"{flower}/task/{task}")
+    until(lambda: "SUCCESS" in d.find_element(By.TAG_NAME, "body").text, 30,
+          f"Flower's page of {task} does not say SUCCESS")
+    assert "vmmgr.enable_host" in d.find_element(By.TAG_NAME, "body").text
+    d.save_screenshot(str(ARTIFACTS / "flower-task.png"))
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/healthcheck", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
