@@ -12,6 +12,7 @@ from vmmgr.errors import InvalidRequest, NotFound, VmmgrError
 from vmmgr.spec import validate_name
 
 from . import backend, redact
+from .bodies import Create, Drain, Empty, Migrate, Resume, Suspend, parse
 from .auth import api_role
 from .openapi import document
 
@@ -27,32 +28,6 @@ def _no_unknown_query_parameters():
     unknown = sorted(set(request.args) - QUERY.get(request.endpoint, set()))
     if unknown and request.endpoint:
         raise InvalidRequest(f"unknown query parameter(s): {', '.join(unknown)}")
-
-TYPES = {int: "an integer", float: "a number", str: "a string", dict: "an object"}
-
-
-def body(fields: dict[str, type], required: tuple[str, ...] = ()) -> dict:
-    """The JSON object in the request, its fields checked against `fields` (name: type)."""
-    raw = request.get_data()
-    data = request.get_json(silent=True) if raw.strip() else {}
-    if not isinstance(data, dict):
-        raise InvalidRequest("the body must be a JSON object")
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}")
-    for key, kind in fields.items():
-        value = data.get(key)
-        if value is None:
-            if key in required:
-                raise InvalidRequest(f"field {key!r} is required")
-            continue
-        ok = (isinstance(value, (int, float)) if kind is float else isinstance(value, kind))
-        if isinstance(value, bool) or not ok:
-            raise InvalidRequest(f"field {key!r} must be {TYPES[kind]}")
-        if kind is dict and not all(isinstance(v, str) for v in value.values()):
-            raise InvalidRequest(f"field {key!r} must map names to strings")
-    return {k: v for k, v in data.items() if v is not None}  # null means "not given"
-
 
 def act(build):
     """Check a request against the fleet (`build(fleet)` raises a refusal), queue it: 202."""
@@ -94,7 +69,7 @@ def get_host(name):
 @bp.post("/hosts/<name>/drain")
 @api_role("operator")
 def drain_host(name):
-    data = body({"timeout": float})
+    data = parse(Drain)
     return act(lambda fleet: requests.evacuate(fleet, validate_name(name, "host"), deadline=False,
                                                timeout=data.get("timeout", 600.0)))
 
@@ -102,14 +77,14 @@ def drain_host(name):
 @bp.post("/hosts/<name>/reclaim")
 @api_role("operator")
 def reclaim_host(name):
-    body({})
+    parse(Empty)
     return act(lambda fleet: requests.evacuate(fleet, validate_name(name, "host"), deadline=True))
 
 
 @bp.post("/hosts/<name>/enable")
 @api_role("operator")
 def enable_host(name):
-    body({})
+    parse(Empty)
     return act(lambda fleet: requests.enable(fleet, validate_name(name, "host")))
 
 
@@ -135,8 +110,7 @@ def list_vms():
 @bp.post("/vms")
 @api_role("operator")
 def create_vm():
-    data = body({"name": str, "workload": str, "params": dict, "memory_mib": int, "vcpus": int,
-                 "host": str, "gpu_model": str, "gpu_count": int}, required=("name",))
+    data = parse(Create)
     return act(lambda fleet: requests.create(
         fleet, data["name"], workload=data.get("workload") or "counter",
         params=data.get("params"), memory_mib=data.get("memory_mib", 128),
@@ -180,7 +154,7 @@ def vm_migrations(name):
 @bp.post("/vms/<name>/migrate")
 @api_role("operator")
 def migrate_vm(name):
-    data = body({"target": str, "policy": str, "bandwidth_mibps": int}, required=("target",))
+    data = parse(Migrate)
     return act(lambda fleet: requests.migrate(
         fleet, validate_name(name), validate_name(data["target"], "host"), data.get("policy"),
         data.get("bandwidth_mibps")))
@@ -189,21 +163,21 @@ def migrate_vm(name):
 @bp.post("/vms/<name>/cancel")
 @api_role("operator")
 def cancel_migration(name):
-    body({})
+    parse(Empty)
     return act(lambda fleet: requests.cancel(fleet, name))
 
 
 @bp.post("/vms/<name>/suspend")
 @api_role("operator")
 def suspend_vm(name):
-    data = body({"mode": str})
+    data = parse(Suspend)
     return act(lambda fleet: requests.suspend(fleet, name, data.get("mode")))
 
 
 @bp.post("/vms/<name>/resume")
 @api_role("operator")
 def resume_vm(name):
-    data = body({"host": str})
+    data = parse(Resume)
     host = data.get("host")
     host = validate_name(host, "host") if host else None
     return act(lambda fleet: requests.resume(fleet, name, host))

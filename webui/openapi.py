@@ -1,9 +1,10 @@
 """The OpenAPI 3.0 document of `/api/v1`, kept next to the routes it describes (tests check that
 every route is documented and that the API honours every documented response)."""
 
-from vmmgr.policy import MAX_BANDWIDTH_MIBPS
 from vmmgr.spec import NAME_RE
 from vmmgr.users import ROLES
+
+from . import bodies
 
 NAME = {"type": "string", "pattern": NAME_RE.pattern, "maxLength": 63}
 STR, INT, NUM, BOOL = {"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}
@@ -71,17 +72,10 @@ SCHEMAS["VMDetail"] = {"allOf": [{"$ref": "#/components/schemas/VM"}, _obj({
     "migrations": {"type": "array", "items": {"$ref": "#/components/schemas/Migration"}}},
     ["operation", "migrations"])]}
 
-BODIES = {
-    "create": _obj({"name": NAME, "workload": STR, "params": {
-        "type": "object", "additionalProperties": STR}, "memory_mib": INT, "vcpus": INT,
-        "host": NAME, "gpu_model": STR, "gpu_count": INT}, ["name"], extra=False),
-    "migrate": _obj({"target": NAME, "policy": STR, "bandwidth_mibps": {
-        "type": "integer", "minimum": 0, "maximum": MAX_BANDWIDTH_MIBPS}}, ["target"],
-                    extra=False),
-    "drain": _obj({"timeout": NUM}, extra=False),
-    "resume": _obj({"host": NAME}, extra=False),
-    "suspend": _obj({"mode": {"type": "string", "enum": ["save", "guest"]}}, extra=False),
-}
+# Request bodies: the models that validate them (webui/bodies.py), in OpenAPI's dialect.
+BODIES = {name: bodies.openapi_schema(model) for name, model in {
+    "create": bodies.Create, "migrate": bodies.Migrate, "drain": bodies.Drain,
+    "resume": bodies.Resume, "suspend": bodies.Suspend, "empty": bodies.Empty}.items()}
 
 
 def _ref(name: str) -> dict:
@@ -156,8 +150,9 @@ def document() -> dict:
                               (401, 502, 503))},
         "/hosts/{name}": {"get": _op("One host", (200, _ref("Host"), "The host"), READ)},
         "/hosts/{name}/drain": _action("Empty a host by live migration only", "drain"),
-        "/hosts/{name}/reclaim": _action("Empty a host now: migrate what fits, suspend the rest"),
-        "/hosts/{name}/enable": _action("Put a host back in service; parked VMs resume"),
+        "/hosts/{name}/reclaim": _action("Empty a host now: migrate what fits, suspend the rest",
+                                         "empty"),
+        "/hosts/{name}/enable": _action("Put a host back in service; parked VMs resume", "empty"),
         "/vms": {"get": _op("Every VM, running or suspended, by name, a page at a time; the "
                             "Link header names the next page (rel=next) while more follow",
                             (200, _list("VM"), "VMs"), (400, 401, 502, 503), params=VM_PAGE),
@@ -173,7 +168,8 @@ def document() -> dict:
         "/vms/{name}/migrations": {"get": _op("The VM's migration attempts",
                                               (200, _list("Migration"), "Attempts"), READ)},
         "/vms/{name}/migrate": _action("Live-migrate the VM", "migrate"),
-        "/vms/{name}/cancel": _action("Abort the VM's running migration; it stays where it was"),
+        "/vms/{name}/cancel": _action("Abort the VM's running migration; it stays where it was",
+                                      "empty"),
         "/vms/{name}/suspend": _action("Suspend the VM to shared storage and free its host "
                                        "(mode guest: the guest hibernates itself)", "suspend"),
         "/vms/{name}/resume": _action("Restore a suspended VM", "resume"),
