@@ -23,6 +23,7 @@ def reconcile(fleet: Fleet, report) -> dict:
     repaired = repair_records(fleet, report, rows)
     rerouted = repair_edge(fleet, report, rows)
     snapshot_hosts(fleet)
+    fleet.state.write_usage_baseline()
     metrics.count(fleet.state.r, "reconcile_repairs", by=len(repaired) + len(rerouted))
     metrics.count(fleet.state.r, "reconcile_recoveries", by=len(recovered))
     return {"recovered": recovered, "resumed": resumed, "repaired": repaired,

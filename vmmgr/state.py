@@ -9,6 +9,7 @@ for ever.
 """
 
 import json
+import os
 import time
 from functools import cached_property
 
@@ -24,6 +25,12 @@ TASKS_KEPT = 500
 MIGRATIONS_KEPT = 100  # attempts per VM
 USAGE = P + "usage"  # every VM state change, for usage metering (vmmgr.usage)
 USAGE_KEPT = 1_000_000  # entries (~100 bytes each)
+# Once a day, every VM's state with the usage stream's position: a report replays the stream from
+# the newest baseline before its window, not from the stream's start.
+USAGE_BASELINES = P + "usage:baselines"  # sorted set "<stream id> <time>" by time
+USAGE_BASELINE_EVERY = 86400
+USAGE_BASELINE_DAYS = int(os.environ.get("VMMGR_USAGE_BASELINE_DAYS", "62"))
+CLOCK_SLACK = 300  # s: entries carry their writer's clock, the stream's ids the store's
 CAPACITY = P + "capacity"  # the fleet's memory over time, for the console's chart
 CAPACITY_KEPT = 7 * 24 * 60
 
@@ -34,6 +41,19 @@ _OWNED = "local v = redis.call('get', KEYS[1]) " \
          "if v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then "
 _REFRESH = _OWNED + "return redis.call('expire', KEYS[1], ARGV[2]) else return 0 end"
 _RELEASE = _OWNED + "return redis.call('del', KEYS[1]) else return 0 end"
+
+
+SAVED = ("suspended", "resuming")  # states of a VM whose image is on storage
+
+
+def usage_state(state: str, saved_as: str | None) -> str:
+    """A state as usage counts it: a saved VM as its suspend said it was saved (suspended,
+    parked or hibernated), whoever records it."""
+    return (saved_as or "suspended") if state in SAVED else state
+
+
+def _baseline_key(member: str) -> str:
+    return f"{USAGE_BASELINES}:{member.split(' ')[1]}"
 
 
 STORE_WAIT = 300  # s an outcome that has happened waits for the store to come back
@@ -92,10 +112,9 @@ class FleetState:
         now = time.time()
         fields["updated"] = f"{now:.3f}"
         usage = None
-        if fields.get("state") in ("suspended", "resuming"):
-            # still saved: billed as it was saved (its suspend said how), whoever records it
-            usage = (fields.get("saved_as") or self.r.hget(P + f"vm:{name}", "saved_as")
-                     or "suspended")
+        if fields.get("state") in SAVED:
+            usage = usage_state(fields["state"], fields.get("saved_as")
+                                or self.r.hget(P + f"vm:{name}", "saved_as"))
         pipe = self.r.pipeline()  # MULTI: the record and its usage entry land together
         pipe.hset(P + f"vm:{name}", mapping={k: _str(v) for k, v in fields.items()})
         pipe.sadd(P + "vms", name)
@@ -105,8 +124,54 @@ class FleetState:
                       maxlen=USAGE_KEPT, approximate=True)
         pipe.execute()
 
-    def usage_entries(self) -> list[dict]:
-        return [fields for _, fields in self.r.xrange(USAGE)]
+    def usage_entries(self, since: float = 0, until: float | None = None) -> list[dict]:
+        """What `usage.account` needs for [since, until): the newest baseline at or before
+        `since` as one entry per VM, then the stream's changes after it (or the whole stream
+        when no baseline is that old)."""
+        upto = "+" if until is None else int((until + CLOCK_SLACK) * 1000)
+        found = self.r.zrevrangebyscore(USAGE_BASELINES, since, "-inf", start=0, num=1)
+        states = self.r.hgetall(_baseline_key(found[0])) if found else {}
+        if not states:
+            return [fields for _, fields in self.r.xrange(USAGE, max=upto)]
+        last_id, at = found[0].split(" ")
+        entries = [{"time": at, "vm": vm, "state": state} for vm, state in states.items()
+                   if not vm.startswith("@")]
+        for _, fields in self.r.xrange(USAGE, min=f"({last_id}", max=upto):
+            # after the baseline in the store's order, whatever the writer's clock said
+            entries.append(fields | {"time": str(max(float(fields["time"]), float(at)))})
+        return entries
+
+    def write_usage_baseline(self, every: float = USAGE_BASELINE_EVERY) -> bool:
+        """Every VM's state and the usage stream's end, read at one instant (MULTI), at most
+        once per `every` seconds (the reconcile offers it each pass). Also what makes a VM
+        whose state predates the stream (an upgrade) known from then on."""
+        if not self.r.set(USAGE + ":baseline-gate", "1", nx=True, ex=int(every)):
+            return False
+        for _ in range(5):
+            names = sorted(self.r.smembers(P + "vms"))
+            pipe = self.r.pipeline()  # MULTI: reads too run at one instant
+            pipe.smembers(P + "vms")
+            for name in names:
+                pipe.hmget(P + f"vm:{name}", "state", "saved_as")
+            pipe.xrevrange(USAGE, count=1)
+            out = pipe.execute()
+            if sorted(out[0]) == names:  # no VM came or went between the two reads
+                break
+        else:
+            self.r.delete(USAGE + ":baseline-gate")
+            return False
+        now = time.time()
+        member = f"{out[-1][0][0] if out[-1] else '0-0'} {now:.3f}"
+        states = {name: usage_state(state, saved_as)
+                  for name, (state, saved_as) in zip(names, out[1:-1]) if state}
+        kept = USAGE_BASELINE_DAYS * 86400
+        pipe = self.r.pipeline()
+        pipe.hset(_baseline_key(member), mapping=states or {"@empty": "1"})
+        pipe.expire(_baseline_key(member), kept)
+        pipe.zadd(USAGE_BASELINES, {member: now})
+        pipe.zremrangebyscore(USAGE_BASELINES, "-inf", now - kept)
+        pipe.execute()
+        return True
 
     def vm(self, name: str) -> dict:
         return self.r.hgetall(P + f"vm:{name}")

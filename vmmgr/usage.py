@@ -97,5 +97,5 @@ def _parse_time(text: str, now: float) -> float:
 
 def report(fleet_state, since: float, until: float) -> dict:
     """The usage of every VM in [since, until), with the window it covers."""
-    rows = account(fleet_state.usage_entries(), since, until)
+    rows = account(fleet_state.usage_entries(since, until), since, until)
     return {"since": since, "until": until, "vms": [u.as_dict() for u in rows]}

@@ -1,5 +1,7 @@
 """Usage metering on a made-up clock: seconds per state, exact, clipped to the window."""
 
+import time
+
 import pytest
 
 from vmmgr.state import FleetState
@@ -63,3 +65,52 @@ def test_records_feed_the_stream_parked_and_hibernated_apart(redis_url):
     kinds = [x.get("state") or f"blackout {x['blackout_ms']}" for x in state.usage_entries()]
     assert kinds == ["running", "suspending", "parked", "parked", "running", "migrating",
                      "blackout 80", "running", "hibernated", "hibernated", "gone"]
+
+
+T0 = int(time.time()) - 1500  # the made-up clock runs near the store's, which stamps stream ids
+
+
+def _report(state, since, until):
+    since, until = T0 + since, T0 + until
+    return {u.vm: u for u in account(state.usage_entries(since, until), since, until)}
+
+
+def test_a_report_starts_from_the_baseline_before_its_window(redis_url, mocker):
+    """The daily baseline holds every VM's state and the stream's position: a report replays
+    only what follows it, and counts the same as from the stream's start."""
+    clock = mocker.patch("vmmgr.state.time.time", return_value=T0 + 1000.0)
+    state = FleetState(redis_url)
+    state.set_vm("a", state="running")
+    clock.return_value = T0 + 1100.0
+    state.record("suspending", "b", {})
+    state.record("suspended", "b", {"parked": True, "mode": "save"})
+    clock.return_value = T0 + 1200.0
+    assert state.write_usage_baseline(every=3600)
+    assert not state.write_usage_baseline(every=3600)  # once per period, whoever offers it
+    clock.return_value = T0 + 1300.0
+    state.record("resuming", "b", {"target": "h1"})
+    state.record("resumed", "b", {"host": "h1"})
+    clock.return_value = T0 + 1500.0
+
+    entries = state.usage_entries(T0 + 1250, T0 + 1500)
+    assert {(e["vm"], e["state"]) for e in entries if e["time"] == f"{T0 + 1200:.3f}"} == {
+        ("a", "running"), ("b", "parked")}
+    assert len(entries) == 4  # the baseline's two VMs and the two changes after it
+    whole = {u.vm: u for u in account(state.usage_entries(0, T0 + 1500), T0 + 1250, T0 + 1500)}
+    assert _report(state, 1250, 1500) == whole
+    assert whole["a"].running == 250 and whole["b"].parked == 50 and whole["b"].running == 200
+    # A window that starts before the baseline replays the stream from its start.
+    early = _report(state, 1000, 1500)
+    assert early["a"].running == 500 and early["b"].parked == 200
+
+
+def test_a_vm_older_than_the_stream_is_known_from_the_first_baseline(redis_url, mocker):
+    """An upgrade: a VM's record predates the usage stream. Before, it was unknown until its
+    next change; the first baseline knows it, and so does every report after it."""
+    mocker.patch("vmmgr.state.time.time", return_value=T0 + 1000.0)
+    state = FleetState(redis_url)
+    state.r.hset("vmmgr:vm:old", mapping={"state": "suspended", "saved_as": "hibernated"})
+    state.r.sadd("vmmgr:vms", "old")
+    assert _report(state, 1000, 2000) == {}
+    state.write_usage_baseline()
+    assert _report(state, 1500, 2000)["old"].hibernated == 500
