@@ -1,0 +1,82 @@
+"""The deadline planner, without a hypervisor: made-up sizes, dirty rates and bandwidths."""
+
+from vmmgr.deadline import Candidate, Rates, plan, replan
+
+RATES = Rates(link_mibps=100, link_total_mibps=200, storage_mibps=200, save_streams=2,
+              overhead_s=1.5, hibernate_overhead_s=10)
+
+
+def hows(p):
+    return {m.vm: m.how for m in p.moves}
+
+
+def test_everything_migrates_when_the_link_makes_it_in_time():
+    vms = [Candidate(f"v{i}", 128, target="h2") for i in range(3)]
+    p = plan(vms, 30, RATES)
+    assert p.feasible and set(hows(p).values()) == {"migrate"}
+    assert p.end_s < 30 and "all safe" in p.summary()
+    # two streams pay (200 / 100): the third waits for the first to end
+    assert sorted(m.start_s for m in p.moves) == [0, 0, p.moves[0].end_s]
+
+
+def test_a_short_deadline_sends_some_to_storage_and_keeps_the_rest_running():
+    vms = [Candidate(f"v{i}", 1024, target="h2") for i in range(6)]
+    everything_migrates = 3 * (1024 / 100 + 1.5)
+    assert everything_migrates > 30
+    p = plan(vms, 30, RATES)
+    assert p.feasible, p.summary()
+    kinds = list(hows(p).values())
+    assert kinds.count("suspend") == 2 and kinds.count("migrate") == 4
+    assert max(m.end_s for m in p.moves) <= 30
+
+
+def test_a_guest_that_dirties_faster_than_pre_copy_can_chase_moves_by_post_copy():
+    p = plan([Candidate("busy", 512, dirty_mibps=80, target="h2"),
+              Candidate("calm", 512, dirty_mibps=5, target="h2")], 60, RATES)
+    assert hows(p) == {"busy": "postcopy", "calm": "migrate"}
+    busy = next(m for m in p.moves if m.vm == "busy")
+    assert busy.end_s - busy.start_s == 512 / 100 + 1.5  # one pass, bounded whatever it dirties
+
+
+def test_no_room_means_a_save_and_a_device_means_a_hibernation():
+    p = plan([Candidate("big", 256, target=None), Candidate("gpu", 256, live=False, target="h3"),
+              Candidate("gpu2", 256, live=False, target=None)], 60, RATES)
+    assert hows(p) == {"big": "suspend", "gpu": "hibernate", "gpu2": "hibernate"}
+    assert {m.vm: m.target for m in p.moves} == {"big": None, "gpu": "h3", "gpu2": None}
+    assert "no host has room" in next(m.reason for m in p.moves if m.vm == "big")
+
+
+def test_a_job_goes_one_way_whole():
+    """Two ranks of one training run: one has no room elsewhere, so both are parked (and will
+    resume together) rather than one running on while its peer waits."""
+    p = plan([Candidate("rank0", 256, target="h2", group="train"),
+              Candidate("rank1", 256, target=None, group="train"),
+              Candidate("solo", 256, target="h2")], 60, RATES)
+    assert hows(p) == {"rank0": "suspend", "rank1": "suspend", "solo": "migrate"}
+    assert "moves as one" in next(m.reason for m in p.moves if m.vm == "rank0")
+    # ...and when both have room, both migrate
+    p = plan([Candidate("rank0", 256, target="h2", group="train"),
+              Candidate("rank1", 256, target="h3", group="train")], 60, RATES)
+    assert set(hows(p).values()) == {"migrate"}
+
+
+def test_when_not_everything_can_be_saved_it_says_so_first_and_saves_the_most():
+    vms = [Candidate("huge", 8192, target="h2"), Candidate("a", 256, target="h2"),
+           Candidate("b", 256, target=None)]
+    p = plan(vms, 10, RATES)
+    assert not p.feasible and p.late == ["huge"]
+    assert "cannot save everything in time" in p.summary() and "huge" in p.summary()
+    # the small ones are not held up behind the large one
+    assert all(m.end_s <= 10 for m in p.moves if m.vm != "huge")
+
+
+def test_replanning_counts_from_the_start_with_the_time_left():
+    slow = Rates(link_mibps=20, link_total_mibps=20, storage_mibps=200, save_streams=2)
+    vms = [Candidate("a", 512, target="h2"), Candidate("b", 512, target="h2")]
+    first = plan(vms, 60, RATES)
+    assert set(hows(first).values()) == {"migrate"}
+    # 20 s in, the link proved five times slower than thought: what has not started is saved
+    again = replan(vms, 20, 60, slow)
+    assert again.feasible, again.summary()
+    assert min(m.start_s for m in again.moves) == 20
+    assert "suspend" in hows(again).values()

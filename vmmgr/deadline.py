@@ -1,0 +1,198 @@
+"""The deadline planner: how each VM leaves a host that must be empty by a deadline, in what order
+and how many at once, so that every VM is safe in time: running on another host, or saved whole
+on shared storage.
+
+Pure: it works from each VM's memory and measured dirty rate, the link's and the storage's
+measured bandwidth, and where placement found room; the executor (`reclaim.evacuate_by`) measures,
+asks, carries the plan out and asks again as each move ends, with the rates it saw.
+
+The model. Migrations share the link and saves share the storage, and the two run side by side.
+A migration stream gets `link_mibps` until `link_total_mibps` is shared out, so running more
+streams than `link_total / link` at once buys nothing ("streams that pay"). Pre-copy sends the
+memory once and then what the guest dirtied meanwhile: about `memory / (bw - dirty)` in all. A
+guest that dirties more than half the stream's rate is switched to post-copy after its first pass
+(`memory / bw`), which is bounded whatever it dirties. A save writes the memory once (the guest
+is paused); a guest hibernation does the same from inside the guest, with the boot and the
+shutdown around it. Each move also pays a fixed overhead (setup, switch-over, records).
+
+Choices, in order: every VM safe before the deadline; then as many VMs as possible still running
+(migrated rather than parked); then the earliest end. A job's VMs (`group`) go the same way: all
+migrate, or all are parked and resumed together. Within a resource, the shortest moves go first,
+so at any instant as many VMs as possible are already safe, and if the estimate proves optimistic
+the fewest miss. When not everything can be safe in time the plan says so (`late`) before anything
+starts, and still saves the most it can.
+"""
+
+from dataclasses import dataclass, field, replace
+
+POSTCOPY_ABOVE = 0.5  # dirty rate / stream rate above which pre-copy is not worth waiting on
+
+
+@dataclass(frozen=True)
+class Rates:
+    link_mibps: float = 110.0  # one migration stream between two hosts
+    link_total_mibps: float = 220.0  # all streams together
+    storage_mibps: float = 200.0  # all saves together, to shared storage
+    save_streams: int = 2  # saves at once
+    overhead_s: float = 1.5  # per move
+    hibernate_overhead_s: float = 10.0  # the guest's own suspend and power-off
+
+    @property
+    def link_streams(self) -> int:
+        return max(1, int(self.link_total_mibps // max(self.link_mibps, 1e-9)))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    memory_mib: int
+    dirty_mibps: float = 0.0
+    live: bool = True  # False: a device blocks live migration and a save; the guest hibernates
+    target: str | None = None  # where placement found room; None: nowhere
+    group: str = ""
+
+
+@dataclass(frozen=True)
+class Move:
+    vm: str
+    how: str  # "migrate", "postcopy", "suspend" or "hibernate"
+    target: str | None  # for migrate/postcopy, and for a hibernation that resumes elsewhere
+    start_s: float  # estimated, from the plan's start
+    end_s: float
+    reason: str
+
+    @property
+    def resource(self) -> str:
+        return "link" if self.how in ("migrate", "postcopy") else "storage"
+
+
+@dataclass
+class Plan:
+    moves: list[Move]
+    deadline_s: float
+    late: list[str] = field(default_factory=list)  # estimated to miss the deadline
+
+    @property
+    def feasible(self) -> bool:
+        return not self.late
+
+    @property
+    def end_s(self) -> float:
+        return max((m.end_s for m in self.moves), default=0.0)
+
+    def summary(self) -> str:
+        kinds = {}
+        for m in self.moves:
+            kinds[m.how] = kinds.get(m.how, 0) + 1
+        ways = ", ".join(f"{n} {how}" for how, n in sorted(kinds.items())) or "nothing to move"
+        head = (f"plan: {ways}; all safe in ~{self.end_s:.0f} s of {self.deadline_s:.0f} s"
+                if self.feasible else
+                f"plan: {ways}; cannot save everything in time: {len(self.late)} of "
+                f"{len(self.moves)} VMs ({', '.join(self.late)}) would be safe only after "
+                f"~{self.end_s:.0f} s of {self.deadline_s:.0f} s; saving the most it can")
+        return head
+
+
+def migration_seconds(c: Candidate, bw_mibps: float, rates: Rates) -> tuple[str, float]:
+    """("migrate" or "postcopy", estimated seconds) for one stream of `bw_mibps`."""
+    if c.dirty_mibps > POSTCOPY_ABOVE * bw_mibps:
+        return "postcopy", c.memory_mib / bw_mibps + rates.overhead_s
+    return "migrate", c.memory_mib / (bw_mibps - c.dirty_mibps) + rates.overhead_s
+
+
+def save_seconds(c: Candidate, bw_mibps: float, rates: Rates) -> tuple[str, float]:
+    if c.live:
+        return "suspend", c.memory_mib / bw_mibps + rates.overhead_s
+    return "hibernate", c.memory_mib / bw_mibps + rates.hibernate_overhead_s
+
+
+def plan(vms: list[Candidate], deadline_s: float, rates: Rates) -> Plan:
+    """The plan that makes every VM safe soonest, preferring migration where time allows."""
+    units = _units(vms)
+    # Start from "every unit that can migrate does", then move the unit that frees the most
+    # link time to storage while that ends everything sooner and keeps the deadline in sight.
+    on_link = {key for key, members in units.items() if _can_migrate(members)}
+    best = _schedule(units, on_link, deadline_s, rates)
+    while True:
+        if _end(best) <= deadline_s:
+            break  # in time with the most migrations this greedy walk allows
+        trial = None
+        for key in sorted(on_link, key=lambda k: -_link_seconds(units[k], rates)):
+            candidate = _schedule(units, on_link - {key}, deadline_s, rates)
+            if _better(candidate, best, deadline_s):
+                trial = (key, candidate)
+                break
+        if trial is None:
+            break
+        on_link.discard(trial[0])
+        best = trial[1]
+    best.late = sorted(m.vm for m in best.moves if m.end_s > deadline_s)
+    return best
+
+
+def _units(vms: list[Candidate]) -> dict[str, list[Candidate]]:
+    units: dict[str, list[Candidate]] = {}
+    for vm in vms:
+        units.setdefault(f"group:{vm.group}" if vm.group else f"vm:{vm.name}", []).append(vm)
+    return units
+
+
+def _can_migrate(members: list[Candidate]) -> bool:
+    return all(m.live and m.target for m in members)
+
+
+def _link_seconds(members: list[Candidate], rates: Rates) -> float:
+    return sum(migration_seconds(m, rates.link_mibps, rates)[1] for m in members)
+
+
+def _schedule(units, on_link: set[str], deadline_s: float, rates: Rates) -> Plan:
+    link_bw = min(rates.link_mibps, rates.link_total_mibps / rates.link_streams)
+    save_bw = rates.storage_mibps / max(1, rates.save_streams)
+    link_jobs, storage_jobs = [], []
+    for key, members in units.items():
+        for m in members:
+            if key in on_link:
+                how, secs = migration_seconds(m, link_bw, rates)
+                link_jobs.append((secs, m, how, m.target, f"{m.target} has room"))
+            else:
+                how, secs = save_seconds(m, save_bw, rates)
+                target = m.target if how == "hibernate" else None
+                why = ("a device blocks live migration" if not m.live else
+                       "no host has room" if not m.target else
+                       f"its job {m.group!r} moves as one and a peer cannot migrate"
+                       if not _can_migrate(members) else "the link cannot carry it in time")
+                storage_jobs.append((secs, m, how, target, why))
+    moves = (_list_schedule(link_jobs, rates.link_streams)
+             + _list_schedule(storage_jobs, rates.save_streams))
+    return Plan(sorted(moves, key=lambda mv: (mv.start_s, mv.vm)), deadline_s)
+
+
+def _list_schedule(jobs, slots: int) -> list[Move]:
+    """Shortest first onto whichever of `slots` frees first."""
+    free = [0.0] * max(1, slots)
+    moves = []
+    for secs, vm, how, target, why in sorted(jobs, key=lambda j: (j[0], j[1].name)):
+        i = min(range(len(free)), key=free.__getitem__)
+        moves.append(Move(vm.name, how, target, free[i], free[i] + secs, why))
+        free[i] += secs
+    return moves
+
+
+def _end(p: Plan) -> float:
+    return p.end_s
+
+
+def _better(a: Plan, b: Plan, deadline_s: float) -> bool:
+    """Fewer VMs late, then an earlier end."""
+    late_a = sum(m.end_s > deadline_s for m in a.moves)
+    late_b = sum(m.end_s > deadline_s for m in b.moves)
+    return (late_a, a.end_s) < (late_b, b.end_s)
+
+
+def replan(remaining: list[Candidate], elapsed_s: float, deadline_s: float, rates: Rates) -> Plan:
+    """The plan for the moves not yet started, on the rates measured so far, against the time
+    left; its times are shifted to count from the original start."""
+    p = plan(remaining, max(0.0, deadline_s - elapsed_s), rates)
+    moves = [replace(m, start_s=m.start_s + elapsed_s, end_s=m.end_s + elapsed_s)
+             for m in p.moves]
+    return Plan(moves, deadline_s, p.late)
