@@ -68,8 +68,9 @@ def drain_host(self, host: str, timeout: float = 600) -> dict:
 
 
 @operation("reclaim_host")
-def reclaim_host(self, host: str) -> dict:
-    return _run(self, LockSpec("host", host, f"reclaim of {host}"), "reclaim_host", host=host)
+def reclaim_host(self, host: str, deadline_at: float | None = None) -> dict:
+    return _run(self, LockSpec("host", host, f"reclaim of {host}"), "reclaim_host", host=host,
+                deadline_at=deadline_at)
 
 
 @operation("enable_host")

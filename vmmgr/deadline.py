@@ -25,6 +25,8 @@ starts, and still saves the most it can.
 
 from dataclasses import dataclass, field, replace
 
+from .errors import InvalidRequest
+
 POSTCOPY_ABOVE = 0.5  # dirty rate / stream rate above which pre-copy is not worth waiting on
 
 
@@ -187,6 +189,20 @@ def _better(a: Plan, b: Plan, deadline_s: float) -> bool:
     late_a = sum(m.end_s > deadline_s for m in a.moves)
     late_b = sum(m.end_s > deadline_s for m in b.moves)
     return (late_a, a.end_s) < (late_b, b.end_s)
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from `30`, `30s`, `2m` or `1h`: more than 0, at most a day."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    raw = text.strip()
+    unit = units.get(raw[-1:], None)
+    digits = raw[:-1] if unit else raw
+    if not (digits.isascii() and digits.replace(".", "", 1).isdecimal()):
+        raise InvalidRequest(f"{text[:40]!r} is not a duration (30s, 2m, 1h)")
+    seconds = float(digits) * (unit or 1)
+    if not 0 < seconds <= 86400:
+        raise InvalidRequest(f"a deadline must be more than 0 s and at most a day, not {text!r}")
+    return seconds
 
 
 def replan(remaining: list[Candidate], elapsed_s: float, deadline_s: float, rates: Rates) -> Plan:

@@ -8,7 +8,7 @@ import libvirt
 from . import devices
 from .errors import NotFound
 from .libvirt_errors import translated
-from .render import workload_of
+from .render import group_of, workload_of
 
 _STATES = {
     libvirt.VIR_DOMAIN_NOSTATE: "nostate",
@@ -100,6 +100,9 @@ class Guest:
     def workload(self) -> str:
         return workload_of(self.xml())
 
+    def group(self) -> str:
+        return group_of(self.xml())
+
     def device_needs(self) -> tuple[str, int]:
         """(model, count) of the passed-through devices the VM asks for."""
         return devices.wanted(self.xml())
@@ -126,6 +129,22 @@ class Guest:
         flags = libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED if completed else 0
         with translated(f"job stats of {self.name}"):
             return self._dom.jobStats(flags)
+
+    def start_dirty_rate(self, seconds: int = 1) -> None:
+        """Ask QEMU to sample how fast the guest dirties memory (page sampling: no cost to the
+        guest); `dirty_rate_mibps` reads the result `seconds` later."""
+        with translated(f"dirty rate of {self.name}"):
+            self._dom.startDirtyRateCalc(seconds, 0)
+
+    def dirty_rate_mibps(self) -> float | None:
+        """The last measured dirty rate, None while it is measuring or was never measured."""
+        with translated(f"dirty rate of {self.name}"):
+            stats = self._dom.connect().domainListGetStats(
+                [self._dom], libvirt.VIR_DOMAIN_STATS_DIRTYRATE)
+        values = stats[0][1] if stats else {}
+        if values.get("dirtyrate.calc_status") != 2:  # 2: measured
+            return None
+        return float(values.get("dirtyrate.megabytes_per_second", 0))
 
     def has_job(self) -> bool:
         with translated(f"job of {self.name}"):

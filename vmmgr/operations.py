@@ -233,7 +233,11 @@ def drain_host(fleet: Fleet, report: Report, host: str, timeout: float = 600) ->
     return asdict(reclaim.evacuate(fleet, host, False, report, wait_timeout=timeout))
 
 
-def reclaim_host(fleet: Fleet, report: Report, host: str) -> dict:
+def reclaim_host(fleet: Fleet, report: Report, host: str, deadline_at: float | None = None) -> dict:
+    """Empty a host; with `deadline_at` (unix time, a notice's), by a plan that races it."""
+    if deadline_at is not None:
+        from . import deadline_run  # here: it builds on reclaim, which builds on this module
+        return asdict(deadline_run.reclaim_by(fleet, host, deadline_at, report))
     return asdict(reclaim.evacuate(fleet, host, True, report))
 
 

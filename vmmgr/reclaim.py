@@ -32,6 +32,7 @@ class Step:
     action: str  # "migrate", "hibernate" (then resume on target), "suspend" or "wait"
     target: str | None
     reason: str
+    policy: str | None = None  # the migration policy; None: the default
 
 
 @dataclass(frozen=True)
@@ -55,13 +56,7 @@ def plan_evacuation(vms: list[VMSize], capacities: dict[str, Capacity], deadline
         target, refused = choose_host(room, vm.memory_mib, vm.vcpus, vm.device_model,
                                       vm.device_count)
         if target:
-            cap = room[target]
-            free = list(cap.free_devices)
-            for _ in range(vm.device_count):
-                free.remove(vm.device_model)
-            room[target] = replace(cap, used_memory_mib=cap.used_memory_mib + vm.memory_mib,
-                                   used_vcpus=cap.used_vcpus + vm.vcpus,
-                                   free_devices=tuple(free))
+            room[target] = reserve(room[target], vm)
             if vm.live:
                 steps.append(Step(vm.name, "migrate", target, f"{target} has the most room"))
             else:
@@ -150,12 +145,19 @@ def _guests_or_none(host: Host) -> list[Guest]:
 
 def _carry_out(fleet, steps, outcome, per_target, parallel, deadline, report) -> None:
     slots = {s.target: threading.Semaphore(per_target) for s in steps if s.target}
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        list(pool.map(lambda step: run_step(fleet, report, step, outcome, slots, deadline),
+                      [s for s in steps if s.action != "wait"]))
 
+
+def run_step(fleet, report, step: Step, outcome, slots: dict, deadline: bool) -> None:
+    """One step of an evacuation; its outcome goes into `outcome`'s lists. At most `slots[target]`
+    moves into one target at once."""
     def park(vm: str, why: str, mode: str | None = None) -> dict:
         report.event(f"{vm}: suspending, {why}", vm=vm)
         return operations.suspend(fleet, report, vm, mode=mode, parked=True, why=why)
 
-    def hibernate_to(step: Step) -> None:
+    def hibernate_to() -> None:
         """Hibernate, then boot on the target; if that fails the VM stays parked, not lost."""
         park(step.vm, f"moving to {step.target} by guest hibernation", mode="guest")
         try:
@@ -167,35 +169,31 @@ def _carry_out(fleet, steps, outcome, per_target, parallel, deadline, report) ->
             return
         outcome.hibernated.append(step.vm)
 
-    def run(step: Step) -> None:
-        try:
-            if step.action == "migrate":
-                with slots[step.target]:
-                    report.event(f"{step.vm}: migrating to {step.target}", vm=step.vm)
-                    try:
-                        operations.migrate(fleet, report, step.vm, step.target)
-                    except VmmgrError as err:
-                        if not deadline:
-                            raise
-                        # The host must be emptied: a VM that could not move is parked, not lost;
-                        # one whose device refused the migration hibernates (a save would fail too).
-                        blocked = devices.is_blocker_refusal(str(err))
-                        park(step.vm, f"migration failed ({err})", "guest" if blocked else None)
-                        outcome.suspended.append(step.vm)
-                        return
-                    outcome.migrated.append(step.vm)
-            elif step.action == "hibernate":
-                with slots[step.target]:
-                    hibernate_to(step)
-            elif step.action == "suspend":
-                park(step.vm, step.reason)
-                outcome.suspended.append(step.vm)
-        except VmmgrError as err:
-            outcome.failed[step.vm] = str(err)
-            report.event(f"{step.vm}: {err}", vm=step.vm)
-
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        list(pool.map(run, [s for s in steps if s.action != "wait"]))
+    try:
+        if step.action == "migrate":
+            with slots[step.target]:
+                report.event(f"{step.vm}: migrating to {step.target}", vm=step.vm)
+                try:
+                    operations.migrate(fleet, report, step.vm, step.target, step.policy)
+                except VmmgrError as err:
+                    if not deadline:
+                        raise
+                    # The host must be emptied: a VM that could not move is parked, not lost;
+                    # one whose device refused the migration hibernates (a save would fail too).
+                    blocked = devices.is_blocker_refusal(str(err))
+                    park(step.vm, f"migration failed ({err})", "guest" if blocked else None)
+                    outcome.suspended.append(step.vm)
+                    return
+                outcome.migrated.append(step.vm)
+        elif step.action == "hibernate":
+            with slots[step.target]:
+                hibernate_to()
+        elif step.action == "suspend":
+            park(step.vm, step.reason)
+            outcome.suspended.append(step.vm)
+    except VmmgrError as err:
+        outcome.failed[step.vm] = str(err)
+        report.event(f"{step.vm}: {err}", vm=step.vm)
 
 
 def enable(fleet: Fleet, host: str, report) -> list[str]:
@@ -206,19 +204,43 @@ def enable(fleet: Fleet, host: str, report) -> list[str]:
 
 
 def resume_parked(fleet: Fleet, report) -> list[str]:
-    """Resume parked VMs, oldest first, on active hosts with room; the rest stay parked. Each
-    resume takes the VM's lock: another node resuming the same VM at once is refused."""
+    """Resume parked VMs, oldest first, on active hosts with room; the rest stay parked. A job's
+    parked VMs (`group`) resume together, only when there is room for all of them. Each resume
+    takes the VM's lock: another node resuming the same VM at once is refused."""
     resumed = []
-    for record in suspend.suspended(fleet):
-        if not record.parked:
-            continue  # the operator suspended it: it waits for the operator
-        target, _ = choose_host(fleet.active_capacities(), record.memory_mib, record.vcpus,
-                                record.device_model, record.device_count)
-        if target is None:
+    waiting = [r for r in suspend.suspended(fleet) if r.parked]  # an operator's wait for them
+    jobs: dict[str, list] = {}
+    for record in waiting:
+        jobs.setdefault(record.group or f"vm:{record.vm}", []).append(record)
+    for members in jobs.values():
+        targets = place_together(fleet.active_capacities(), members)
+        if targets is None:
             continue
-        try:
-            operations.resume(fleet, report, record.vm, target)
-            resumed.append(record.vm)
-        except VmmgrError as err:  # e.g. raced with another operation: the image stays, parked
-            report.event(f"{record.vm}: not resumed: {err}", vm=record.vm)
+        for record, target in zip(members, targets):
+            try:
+                operations.resume(fleet, report, record.vm, target)
+                resumed.append(record.vm)
+            except VmmgrError as err:  # e.g. raced with another operation: the image stays
+                report.event(f"{record.vm}: not resumed: {err}", vm=record.vm)
     return resumed
+
+
+def place_together(capacities: dict[str, Capacity], members: list) -> list[str] | None:
+    """A host for each member with room reserved as it goes, or None if any has none."""
+    room, targets = dict(capacities), []
+    for m in members:
+        target, _ = choose_host(room, m.memory_mib, m.vcpus, m.device_model, m.device_count)
+        if target is None:
+            return None
+        room[target] = reserve(room[target], m)
+        targets.append(target)
+    return targets
+
+
+def reserve(cap: Capacity, vm) -> Capacity:
+    """`cap` with `vm`'s memory, vCPUs and devices taken."""
+    free = list(cap.free_devices)
+    for _ in range(vm.device_count):
+        free.remove(vm.device_model)
+    return replace(cap, used_memory_mib=cap.used_memory_mib + vm.memory_mib,
+                   used_vcpus=cap.used_vcpus + vm.vcpus, free_devices=tuple(free))

@@ -55,6 +55,12 @@ def workload_of(xml: str) -> str:
     return (el.text or "") if el is not None else ""
 
 
+def group_of(xml: str) -> str:
+    """The job (group) a domain's metadata puts it in ("" for none)."""
+    el = ET.fromstring(xml).find(f"./metadata/{{{XMLNS}}}vm/{{{XMLNS}}}group")
+    return (el.text or "") if el is not None else ""
+
+
 def set_console_path(xml: str, path: Path) -> str:
     """The same domain XML with its serial console (and the console that mirrors it) at `path`."""
     ET.register_namespace("vmmgr", XMLNS)

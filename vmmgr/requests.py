@@ -5,6 +5,7 @@ returns what the task API needs to run it: the operation, its arguments, the hos
 runs it and the lock taken before it is queued. No Celery here: `tasks.client` submits these.
 """
 
+import time
 from dataclasses import asdict, dataclass
 
 from . import admission, workloads
@@ -26,7 +27,8 @@ class Request:
 
 def create(fleet: Fleet, name: str, *, workload: str = "counter", params: dict | None = None,
            memory_mib: int = 128, vcpus: int = 1, host: str | None = None,
-           gpu_model: str = "", gpu_count: int = 0, on_event=lambda m: None) -> Request:
+           gpu_model: str = "", gpu_count: int = 0, group: str = "",
+           on_event=lambda m: None) -> Request:
     """A VM running a built-in workload. Room is checked before the guest image is built."""
     validate_name(name)
     validate_memory(memory_mib)
@@ -37,7 +39,7 @@ def create(fleet: Fleet, name: str, *, workload: str = "counter", params: dict |
     image = ensure_builtin(fleet.paths.images, on_event)
     spec = make_spec(name, memory_mib=memory_mib, vcpus=vcpus, kernel=image.kernel,
                      initrd=image.initrd, cmdline=line, image_root=fleet.paths.images,
-                     workload=workload, gpu_model=gpu_model, gpu_count=gpu_count)
+                     workload=workload, gpu_model=gpu_model, gpu_count=gpu_count, group=group)
     return create_spec(spec, host)
 
 
@@ -79,13 +81,20 @@ def destroy(fleet: Fleet, vm: str) -> Request:
     return Request("destroy", {"vm": vm}, None, ("vm", vm, f"destroy of {vm}"))
 
 
-def evacuate(fleet: Fleet, host: str, deadline: bool, timeout: float = 600.0) -> Request:
-    """Reclaim (deadline: migrate what fits, suspend the rest) or drain (live migration only)."""
+def evacuate(fleet: Fleet, host: str, deadline: bool, timeout: float = 600.0,
+             deadline_s: float | None = None) -> Request:
+    """Reclaim (deadline: migrate what fits, suspend the rest; with `deadline_s`, everything
+    safe within that many seconds if it can be) or drain (live migration only)."""
     if not deadline and not 0 < timeout <= 86400:
         raise InvalidRequest(f"drain timeout must be between 0 and 86400 s, not {timeout}")
+    if deadline_s is not None and not (deadline and 0 < deadline_s <= 86400):
+        raise InvalidRequest(f"a reclaim's deadline must be between 0 and 86400 s, not "
+                             f"{deadline_s}")
     admission.known_host(fleet, host)
     verb = "reclaim" if deadline else "drain"
     kwargs = {"host": host} | ({} if deadline else {"timeout": timeout})
+    if deadline_s is not None:  # an instant: a rerun races the same clock
+        kwargs["deadline_at"] = round(time.time() + deadline_s, 3)
     return Request(f"{verb}_host", kwargs, None, ("host", host, f"{verb} of {host}"))
 
 

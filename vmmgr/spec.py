@@ -34,6 +34,8 @@ class VMSpec:
     # hibernation, so it gets a swap disk on shared storage (`swap_disk`) and a guest agent channel.
     gpu_model: str = ""
     gpu_count: int = 0
+    # A job of several VMs (a training run's ranks): placed, moved, parked and resumed together.
+    group: str = ""
     swap_disk: str = ""
     uuid: str = field(default_factory=lambda: str(uuidlib.uuid4()))
 
@@ -105,6 +107,7 @@ def make_spec(
     workload: str = "",
     gpu_model: str = "",
     gpu_count: int = 0,
+    group: str = "",
 ) -> VMSpec:
     """Validate every field and build the spec; raises InvalidRequest naming the first bad one."""
     return VMSpec(
@@ -117,4 +120,5 @@ def make_spec(
         workload=workload,
         gpu_model=validate_gpu(gpu_model, gpu_count)[0],
         gpu_count=gpu_count,
+        group=validate_name(group, "group") if group else "",
     )

@@ -25,7 +25,7 @@ from . import console, devices
 from .errors import Conflict, HibernationFailed, InvalidRequest, NotFound, VmmgrError
 from .fleet import Fleet, require_active
 from .placement import choose_host, refusal
-from .render import address_of, set_console_path
+from .render import address_of, group_of, set_console_path
 from .spec import validate_name
 
 
@@ -47,6 +47,7 @@ class Suspended:
     mode: str = "save"
     device_model: str = ""
     device_count: int = 0
+    group: str = ""  # its job's VMs resume together
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,8 @@ def _begin(guest, parked: bool, mode: str, inactive_xml: str, d: Path) -> Path:
     _write_json(d / INTENT, {"vm": guest.name, "from_host": guest.host_name,
                              "memory_mib": guest.memory_mib(), "vcpus": guest.vcpus(),
                              "parked": parked, "mode": mode, "device_model": model,
-                             "device_count": count, "started_at": time.time()})
+                             "device_count": count, "group": group_of(inactive_xml),
+                             "started_at": time.time()})
     return d
 
 
@@ -180,7 +182,8 @@ def _hibernated(d: Path, guest, disk: Path, save_ms: int) -> Suspended:
 def _suspended(d: Path, guest, intent: dict, save_ms: int, size: int) -> Suspended:
     record = Suspended(intent["vm"], intent["from_host"], intent["memory_mib"], intent["vcpus"],
                        time.time(), save_ms, size, intent["parked"], intent["mode"],
-                       intent["device_model"], intent["device_count"])
+                       intent["device_model"], intent["device_count"],
+                       intent.get("group", ""))
     _write_json(d / RECORD, asdict(record))
     if guest is not None:
         guest.undefine()

@@ -12,7 +12,7 @@ from vmmgr.errors import InvalidRequest, NotFound, VmmgrError
 from vmmgr.spec import validate_name
 
 from . import backend, redact
-from .bodies import Create, Drain, Empty, Migrate, Resume, Suspend, parse
+from .bodies import Create, Drain, Empty, Migrate, Reclaim, Resume, Suspend, parse
 from .auth import api_role
 from .openapi import document
 
@@ -77,8 +77,9 @@ def drain_host(name):
 @bp.post("/hosts/<name>/reclaim")
 @api_role("operator")
 def reclaim_host(name):
-    parse(Empty)
-    return act(lambda fleet: requests.evacuate(fleet, validate_name(name, "host"), deadline=True))
+    data = parse(Reclaim)
+    return act(lambda fleet: requests.evacuate(fleet, validate_name(name, "host"), deadline=True,
+                                               deadline_s=data.get("deadline_s")))
 
 
 @bp.post("/hosts/<name>/enable")
@@ -115,7 +116,8 @@ def create_vm():
         fleet, data["name"], workload=data.get("workload") or "counter",
         params=data.get("params"), memory_mib=data.get("memory_mib", 128),
         vcpus=data.get("vcpus", 1), host=data.get("host"), gpu_model=data.get("gpu_model", ""),
-        gpu_count=data.get("gpu_count", 1 if data.get("gpu_model") else 0)))
+        gpu_count=data.get("gpu_count", 1 if data.get("gpu_model") else 0),
+        group=data.get("group", "")))
 
 
 @bp.get("/vms/<name>")

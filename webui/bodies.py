@@ -36,6 +36,7 @@ class Create(Body):
     host: Name | None = None
     gpu_model: Name | None = None
     gpu_count: Annotated[int, Field(ge=0, le=8)] | None = None
+    group: Name | None = None  # a job's VMs move, park and resume together
 
     model_config = ConfigDict(json_schema_extra={"example": {
         "name": "train-1", "workload": "counter", "memory_mib": 128, "vcpus": 1,
@@ -48,6 +49,12 @@ class Migrate(Body):
     bandwidth_mibps: Annotated[int, Field(ge=0, le=MAX_BANDWIDTH_MIBPS)] | None = None
 
     model_config = ConfigDict(json_schema_extra={"example": {"target": "host2"}})
+
+
+class Reclaim(Body):
+    deadline_s: Annotated[float, Field(gt=0, le=86400, allow_inf_nan=False)] | None = None
+
+    model_config = ConfigDict(json_schema_extra={"example": {"deadline_s": 120}})
 
 
 class Drain(Body):
@@ -81,7 +88,7 @@ def parse(model: type[Body]) -> dict:
 KINDS = {"int": "an integer", "float": "a number", "string": "a string", "dict": "an object",
          "bool": "true or false"}
 NAMES = {"name": "VM name", "host": "host name", "target": "host name",
-         "gpu_model": "device model"}
+         "gpu_model": "device model", "group": "group name"}
 
 
 def _say(err: ValidationError) -> str:

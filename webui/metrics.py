@@ -66,6 +66,16 @@ def collect(fleet):
     for (kind,), value in sorted(metrics.labelled(counters, "evacuations").items()):
         evacuations.add_metric([kind], value)
     yield evacuations
+    notices = CounterMetricFamily("vmmgr_notices", "Preemption notices acted on, by source",
+                                  labels=["source"])
+    for (source,), value in sorted(metrics.labelled(counters, "notices").items()):
+        notices.add_metric([source], value)
+    yield notices
+    met = CounterMetricFamily("vmmgr_deadline_vms", "VMs of reclaims with a deadline: safe "
+                              "within it (met) or not (missed)", labels=["outcome"])
+    for (outcome,), value in sorted(metrics.labelled(counters, "deadline_vms").items()):
+        met.add_metric([outcome], value)
+    yield met
     yield CounterMetricFamily("vmmgr_reconcile_repairs", "Records and routes the reconcile "
                               "repaired", value=counters.get(("reconcile_repairs",), 0.0))
     yield CounterMetricFamily("vmmgr_reconcile_recoveries", "Operations cut short that the "

@@ -75,7 +75,8 @@ SCHEMAS["VMDetail"] = {"allOf": [{"$ref": "#/components/schemas/VM"}, _obj({
 # Request bodies: the models that validate them (webui/bodies.py), in OpenAPI's dialect.
 BODIES = {name: bodies.openapi_schema(model) for name, model in {
     "create": bodies.Create, "migrate": bodies.Migrate, "drain": bodies.Drain,
-    "resume": bodies.Resume, "suspend": bodies.Suspend, "empty": bodies.Empty}.items()}
+    "resume": bodies.Resume, "suspend": bodies.Suspend, "empty": bodies.Empty,
+    "reclaim": bodies.Reclaim}.items()}
 
 
 def _ref(name: str) -> dict:
@@ -150,8 +151,10 @@ def document() -> dict:
                               (401, 502, 503))},
         "/hosts/{name}": {"get": _op("One host", (200, _ref("Host"), "The host"), READ)},
         "/hosts/{name}/drain": _action("Empty a host by live migration only", "drain"),
-        "/hosts/{name}/reclaim": _action("Empty a host now: migrate what fits, suspend the rest",
-                                         "empty"),
+        "/hosts/{name}/reclaim": _action("Empty a host now: migrate what fits, suspend the rest; "
+                                         "with deadline_s, a plan that makes every VM safe "
+                                         "(running elsewhere or saved) within it",
+                                         "reclaim"),
         "/hosts/{name}/enable": _action("Put a host back in service; parked VMs resume", "empty"),
         "/vms": {"get": _op("Every VM, running or suspended, by name, a page at a time; the "
                             "Link header names the next page (rel=next) while more follow",

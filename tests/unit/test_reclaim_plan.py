@@ -66,7 +66,7 @@ def test_under_a_deadline_a_failed_move_is_parked_not_left_behind(mocker):
     assert sorted(outcome.suspended) == ["a", "b"] and outcome.failed == {}
     # Each step goes through the operation's one body (which takes the lock and keeps records),
     # in the reclaim's report; a VM that could not move is parked, not left behind.
-    assert migrated.call_args.args[1:] == (report, "a", "h2")
+    assert migrated.call_args.args[1:] == (report, "a", "h2", None)  # the default policy
     assert sorted(c.args[2] for c in parked.call_args_list) == ["a", "b"]
     assert all(c.kwargs["parked"] for c in parked.call_args_list)
     assert ("a", "a: suspending, migration failed (link down)") in report.events
@@ -98,3 +98,12 @@ def test_devices_are_reserved_as_the_plan_goes_and_the_rest_park():
     assert [(s.vm, s.action, s.target) for s in steps] == [
         ("gpu1", "hibernate", "h2"), ("gpu2", "suspend", None)]
     assert "needs 1 lab-gpu device, 0 free" in steps[1].reason
+
+
+def test_a_parked_job_resumes_only_when_all_of_it_fits():
+    from vmmgr.reclaim import place_together
+    ranks = [VMSize("rank0", 512, 1), VMSize("rank1", 512, 1)]
+    # room for one rank, not for both: neither resumes (no rank runs while its peer waits)
+    assert place_together({"h2": cap(used=256)}, ranks) is None
+    assert place_together({"h2": cap(used=0)}, ranks) == ["h2", "h2"]
+    assert place_together({"h2": cap(used=256), "h3": cap(used=256)}, ranks) == ["h2", "h3"]

@@ -5,6 +5,7 @@ from dataclasses import asdict
 import click
 
 from .. import devices, display, overview, requests, suspend as suspension
+from ..deadline import parse_duration
 from ..errors import Conflict, VmmgrError
 from ..fleet import Fleet
 from ..inventory import HostRecord
@@ -75,12 +76,17 @@ def host_add(paths: Paths, name: str, uri: str, accel: str, memory: int, vcpus: 
 
 @host.command("reclaim")
 @click.argument("name")
+@click.option("--deadline", metavar="DURATION",
+              help="Everything must be safe (running elsewhere or saved) within this time, e.g. "
+                   "30s or 2m: a plan that races it, said before it starts.")
 @click.option("--json", "as_json", is_flag=True)
 @wait_option
 @click.pass_obj
-def host_reclaim(paths: Paths, name: str, as_json: bool, wait: bool) -> None:
+def host_reclaim(paths: Paths, name: str, deadline: str | None, as_json: bool,
+                 wait: bool) -> None:
     """Empty a host now: live-migrate what fits elsewhere, suspend the rest to disk."""
-    _evacuate(paths, name, deadline=True, as_json=as_json, wait=wait)
+    _evacuate(paths, name, deadline=True, as_json=as_json, wait=wait,
+              deadline_s=parse_duration(deadline) if deadline else None)
 
 
 @host.command("drain")
@@ -96,7 +102,8 @@ def host_drain(paths: Paths, name: str, timeout: float, as_json: bool, wait: boo
 
 def _evacuate(paths: Paths, name: str, deadline: bool, as_json: bool, wait: bool, **kw) -> None:
     with Fleet(paths) as fleet:
-        req = requests.evacuate(fleet, name, deadline, kw.get("wait_timeout", 600.0))
+        req = requests.evacuate(fleet, name, deadline, kw.get("wait_timeout", 600.0),
+                                kw.get("deadline_s"))
     report = run_request(paths, req, wait=wait, events=not as_json)
     if report is None:
         return
@@ -106,6 +113,12 @@ def _evacuate(paths: Paths, name: str, deadline: bool, as_json: bool, wait: bool
                f"{len(report.get('hibernated', []))} moved by guest hibernation, "
                f"{len(report['suspended'])} "
                f"suspended, {len(report['failed'])} failed in {report['seconds']} s")
+    if "safe_at" in report:
+        late = report["late"]
+        click.echo(f"{len(report['safe_at']) - len(set(late) & set(report['safe_at']))} of "
+                   f"{len(report['safe_at']) + len(set(late) - set(report['safe_at']))} VMs safe "
+                   f"within the {report['deadline_s']:.0f} s deadline"
+                   + (f"; late or not saved: {', '.join(late)}" if late else ""))
     if report["failed"]:
         raise VmmgrError(f"{len(report['failed'])} VMs could not be moved: "
                          + "; ".join(f"{vm}: {e}" for vm, e in report["failed"].items()))

@@ -37,10 +37,13 @@ def vm() -> None:
 @click.option("--gpu", metavar="MODEL[:COUNT]",
               help="Passed-through devices of this model (the lab's: lab-gpu). Such a VM moves "
                    "by guest hibernation, never by live migration.")
+@click.option("--group", default="", metavar="NAME",
+              help="A job of several VMs (a training run's ranks): a reclaim moves them the "
+                   "same way, and parked ones resume together.")
 @wait_option
 @click.pass_obj
 def vm_create(paths: Paths, name, host_name, workload, params, kernel, initrd, cmdline,
-              memory, vcpus, gpu, wait) -> None:
+              memory, vcpus, gpu, group, wait) -> None:
     """Define and start a VM."""
     gpu_model, _, gpu_count = (gpu or "").partition(":")
     if gpu_count and not gpu_count.isdigit():
@@ -51,14 +54,15 @@ def vm_create(paths: Paths, name, host_name, workload, params, kernel, initrd, c
     if kernel:
         spec = make_spec(name, memory_mib=memory, vcpus=vcpus, kernel=kernel, initrd=initrd,
                          cmdline=cmdline, image_root=paths.images, gpu_model=gpu_model,
-                         gpu_count=gpu_count)
+                         gpu_count=gpu_count, group=group)
     else:
         workload = workload or "counter"
         line = workloads.cmdline(workload, _parse_params(params))
         image = ensure_builtin(paths.images, log_line)
         spec = make_spec(name, memory_mib=memory, vcpus=vcpus, kernel=image.kernel,
                          initrd=image.initrd, cmdline=line, image_root=paths.images,
-                         workload=workload, gpu_model=gpu_model, gpu_count=gpu_count)
+                         workload=workload, gpu_model=gpu_model, gpu_count=gpu_count,
+                         group=group)
     with Fleet(paths) as fleet:
         admission.creation(fleet, spec, host_name)
     result = run_request(paths, requests.create_spec(spec, host_name), wait=wait)

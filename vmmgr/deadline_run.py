@@ -1,0 +1,194 @@
+"""A reclaim against a deadline, carried out: measure, plan (`deadline.plan`), move, re-plan.
+
+The deadline is a wall-clock instant (a notice's), so a rerun of the same task after a dead worker
+plans what is left against the time that is left. Each VM's outcome is logged against it: safe at
+what second, by which way, within the deadline or not. Every move goes through the operation's one
+body (`operations`), under the VM's lock, as a plain reclaim's moves do.
+"""
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field, replace
+
+from . import deadline, metrics
+from .errors import VmmgrError
+from .fleet import Fleet
+from .guest import read_each
+from .reclaim import EvacuationReport, Step, _size, _wait_for_jobs, plan_evacuation, run_step
+
+DIRTY_SAMPLE_S = 1
+RATES = "vmmgr:rates"  # measured link and storage bandwidths, MiB/s, kept between reclaims
+
+
+@dataclass
+class DeadlineReport(EvacuationReport):
+    deadline_s: float = 0.0  # the time the reclaim had, from its start
+    plan: str = ""
+    safe_at: dict[str, float] = field(default_factory=dict)  # VM -> seconds from the start
+    late: list[str] = field(default_factory=list)  # safe after the deadline, or never
+
+
+def reclaim_by(fleet: Fleet, host: str, deadline_at: float, report,
+               rates: deadline.Rates | None = None) -> DeadlineReport:
+    """Empty `host` so that every VM is safe by `deadline_at` (unix time) if it can be."""
+    fleet.host(host)  # NotFound for an unknown host
+    fleet.inventory.set_state(host, "draining")
+    t0, wall0 = time.monotonic(), time.time()
+    budget = deadline_at - wall0
+    say = lambda msg, **kw: report.event(msg, host=host, **kw)  # noqa: E731
+    say(f"{host}: draining; everything must be safe within {budget:.0f} s")
+    source = fleet.host(host)
+    _wait_for_jobs(source, say, timeout=max(1.0, budget / 4))
+    listed = source.guests()
+    sizes = [s for s in read_each(listed, _size) if s]
+    guests = [g for g in listed if g.name in {s.name for s in sizes}]
+    groups = dict(read_each(guests, lambda g: (g.name, g.group())))
+    dirty = _dirty_rates(guests)
+    rates = rates or measured_rates(fleet.state.r)
+    steps = {s.vm: s for s in plan_evacuation(sizes, fleet.active_capacities(exclude=host), True)}
+    candidates = {s.name: deadline.Candidate(
+        s.name, s.memory_mib, dirty.get(s.name, 0.0), s.live,
+        steps[s.name].target, groups.get(s.name, "")) for s in sizes}
+    budget = deadline_at - time.time()
+    plan = deadline.plan(list(candidates.values()), budget, rates)
+    say(f"{host}: {plan.summary()} (rates: link {rates.link_mibps:.0f} MiB/s a stream, "
+        f"storage {rates.storage_mibps:.0f} MiB/s; dirty {_dirty_words(dirty)})", kind="plan")
+    outcome = DeadlineReport(host, [], [], {}, 0.0, deadline_s=round(deadline_at - wall0, 1),
+                             plan=plan.summary())
+    _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0)
+    left = [n for n in read_each(fleet.host(host).guests(),
+                                 lambda g: g.is_persistent() and g.name) if n]
+    if not left:
+        fleet.inventory.set_state(host, "reclaimed")
+        say(f"{host}: empty, reclaimed")
+    outcome.seconds = round(time.monotonic() - t0, 1)
+    outcome.late = sorted(set(candidates) - {v for v, s in outcome.safe_at.items()
+                                             if s <= outcome.deadline_s})
+    met = len(candidates) - len(outcome.late)
+    say(f"{host}: {met} of {len(candidates)} VMs safe within the {outcome.deadline_s:.0f} s "
+        f"deadline" + (f"; late or not saved: {', '.join(outcome.late)}" if outcome.late else ""),
+        kind="plan")
+    for how, vms in (("migrated", outcome.migrated), ("suspended", outcome.suspended),
+                     ("hibernated", outcome.hibernated), ("failed", outcome.failed)):
+        metrics.count(fleet.state.r, "evacuated_vms", "reclaim", how, by=len(vms))
+    metrics.count(fleet.state.r, "evacuations", "reclaim")
+    metrics.count(fleet.state.r, "deadline_vms", "met", by=met)
+    metrics.count(fleet.state.r, "deadline_vms", "missed", by=len(outcome.late))
+    return outcome
+
+
+def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0) -> None:
+    """Each resource's moves in the plan's order, as many at once as pay; before a migration
+    starts, it is re-planned on the rates measured so far and turns into a save if it would
+    now end after the deadline while a save would not."""
+    lock = threading.Lock()
+    queues = {"link": [m for m in plan.moves if m.resource == "link"],
+              "storage": [m for m in plan.moves if m.resource == "storage"]}
+    seen = {"link": rates.link_mibps, "storage": rates.storage_mibps / max(1, rates.save_streams)}
+    slots = {s: threading.Semaphore(2) for s in {m.target for m in plan.moves if m.target}}
+
+    def next_move(resource: str):
+        with lock:
+            return queues[resource].pop(0) if queues[resource] else None
+
+    def worker(resource: str) -> None:
+        while (move := next_move(resource)) is not None:
+            c = candidates[move.vm]
+            if resource == "link":
+                move = _replanned(move, c, deadline_at, replace(
+                    rates, link_mibps=seen["link"]), report)
+            started = time.monotonic()
+            how = {"migrate": "migrate", "postcopy": "migrate", "suspend": "suspend",
+                   "hibernate": "hibernate" if move.target else "suspend"}[move.how]
+            step = Step(move.vm, how, move.target, move.reason,
+                        policy="never-fail" if move.how == "postcopy" else None)
+            run_step(fleet, report, step, outcome, slots, deadline=True)
+            spent = time.monotonic() - started
+            safe = move.vm not in outcome.failed
+            with lock:
+                if safe:
+                    outcome.safe_at[move.vm] = round(time.monotonic() - t0, 1)
+                # a move that went the way it was planned tells how fast its resource is
+                kind = ("link" if move.vm in outcome.migrated and move.resource == "link" else
+                        "storage" if move.vm in outcome.suspended and move.how == "suspend"
+                        else None)
+                if kind:
+                    rate = c.memory_mib / max(0.1, spent - rates.overhead_s)
+                    seen[kind] = 0.5 * seen[kind] + 0.5 * rate
+            if safe:
+                at = outcome.safe_at[move.vm]
+                report.event(f"{move.vm}: safe at {at:.1f} s by {move.how} "
+                             f"({'within' if at <= outcome.deadline_s else 'AFTER'} the "
+                             f"{outcome.deadline_s:.0f} s deadline)", vm=move.vm, kind="plan")
+
+    threads = [threading.Thread(target=worker, args=(r,), name=f"reclaim-{r}-{i}")
+               for r, n in (("link", rates.link_streams), ("storage", rates.save_streams))
+               for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _remember(fleet.state.r, seen, rates)
+
+
+def _replanned(move, c, deadline_at, rates, report):
+    left = deadline_at - time.time()
+    how, secs = deadline.migration_seconds(c, rates.link_mibps, rates)
+    _, save = deadline.save_seconds(c, rates.storage_mibps / max(1, rates.save_streams), rates)
+    if secs > left and save <= left and not c.group:
+        report.event(f"{c.name}: re-planned: a migration would now take ~{secs:.0f} s of the "
+                     f"{left:.0f} s left, a save ~{save:.0f} s; saving it", vm=c.name, kind="plan")
+        return replace(move, how="suspend", target=None, reason="re-planned: the link is slower")
+    return replace(move, how=how)
+
+
+def _dirty_rates(guests) -> dict[str, float]:
+    """Each running guest's dirty rate, sampled for all at once (DIRTY_SAMPLE_S)."""
+    started = [g for g in guests if _try(g.start_dirty_rate, DIRTY_SAMPLE_S) is not False]
+    if not started:
+        return {}
+    time.sleep(DIRTY_SAMPLE_S + 0.2)
+    out = {}
+    for g in started:
+        for _ in range(10):
+            rate = _try(g.dirty_rate_mibps)
+            if rate not in (None, False):
+                out[g.name] = rate
+                break
+            time.sleep(0.1)
+    return out
+
+
+def _try(fn, *args):
+    try:
+        return fn(*args)
+    except VmmgrError:
+        return False
+
+
+def _dirty_words(dirty: dict[str, float]) -> str:
+    return ", ".join(f"{vm} {r:.0f}" for vm, r in sorted(dirty.items())) or "not measured"
+
+
+def measured_rates(r) -> deadline.Rates:
+    """The defaults, with the bandwidths measured by earlier reclaims where there are some."""
+    seen = r.hgetall(RATES) or {}
+    base = deadline.Rates()
+    link = _positive(seen.get("link_mibps")) or base.link_mibps
+    storage = _positive(seen.get("storage_mibps")) or base.storage_mibps
+    return replace(base, link_mibps=link, link_total_mibps=max(base.link_total_mibps, link),
+                   storage_mibps=storage)
+
+
+def _remember(r, seen: dict, rates: deadline.Rates) -> None:
+    r.hset(RATES, mapping={"link_mibps": f"{seen['link']:.1f}",
+                           "storage_mibps": f"{seen['storage'] * max(1, rates.save_streams):.1f}"})
+
+
+def _positive(text) -> float | None:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if value > 0 and math.isfinite(value) else None
