@@ -36,7 +36,7 @@ class Rates:
     link_total_mibps: float = 220.0  # all streams together
     storage_mibps: float = 200.0  # all saves together, to shared storage
     save_streams: int = 2  # saves at once
-    overhead_s: float = 1.5  # per move
+    overhead_s: float = 3.0  # per move: the task round trip, setup, switch-over, records
     hibernate_overhead_s: float = 10.0  # the guest's own suspend and power-off
 
     @property

@@ -145,7 +145,7 @@ def _replanned(move, c, deadline_at, rates, report):
 
 def _dirty_rates(guests) -> dict[str, float]:
     """Each running guest's dirty rate, sampled for all at once (DIRTY_SAMPLE_S)."""
-    started = [g for g in guests if _try(g.start_dirty_rate, DIRTY_SAMPLE_S) is not False]
+    started = [g for g in guests if _try(g.start_dirty_rate, DIRTY_SAMPLE_S) is not _FAILED]
     if not started:
         return {}
     time.sleep(DIRTY_SAMPLE_S + 0.2)
@@ -153,18 +153,23 @@ def _dirty_rates(guests) -> dict[str, float]:
     for g in started:
         for _ in range(10):
             rate = _try(g.dirty_rate_mibps)
-            if rate not in (None, False):
+            if isinstance(rate, float):  # None: still measuring
                 out[g.name] = rate
+                break
+            if rate is _FAILED:
                 break
             time.sleep(0.1)
     return out
+
+
+_FAILED = object()
 
 
 def _try(fn, *args):
     try:
         return fn(*args)
     except VmmgrError:
-        return False
+        return _FAILED
 
 
 def _dirty_words(dirty: dict[str, float]) -> str:

@@ -180,6 +180,7 @@ class Lab:
                 for h in self.running_hosts():
                     LabPKI.install_client(services.node_home(h.name), self._host_dir(h) / "pki")
             services.start_workers({h.name: h.namespace for h in self.running_hosts()})
+            services.start_notice_watchers({h.name: h.namespace for h in self.running_hosts()})
             services.start_beat()
             services.start_flower()
             return records

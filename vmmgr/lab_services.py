@@ -31,6 +31,7 @@ RECONCILE_SECONDS = 5  # the lab resumes parked VMs quickly; production's defaul
 VISIBILITY_TIMEOUT = 20  # a dead worker's task comes back after this many seconds
 WORKER_THREADS = 6  # a drain, a migration per VM in it, a cancel: all at once
 READY_TIMEOUT = 60
+NOTICE_FILE = "notice.json"  # in each host's home: the lab's notice source
 FLOWER_PORT = 5555  # Flower's default, on loopback as on a control node (reached by SSH tunnel)
 
 
@@ -101,26 +102,18 @@ class Services:
         """One worker per host (name -> network namespace) that has none running."""
         r = redis.Redis.from_url(self.url, decode_responses=True)
         self.write_node_files(list(namespaces))
-        home, storage = str(self.paths.home), str(self.paths.storage)
-        # In the worker's own mount namespace: the shared storage into the node's folder, then
-        # the node's folder (with it) over the home.
-        script = 'set -e; mount --bind "$1" "$2/storage"; mount --rbind "$2" "$3"; shift 3; exec "$@"'
+        home = str(self.paths.home)
         started = {}
         for host, ns in namespaces.items():
             if self._alive(f"worker-{host}"):
                 continue
             r.delete(f"vmmgr:worker:{host}")
-            node = self.node_home(host)
-            cmd = ["ip", "netns", "exec", ns, "unshare", "-m", "--propagation", "private",
-                   "sh", "-c", script, "node-home", storage, str(node), home,
-                   # -X: the lab's folder on the command line, where `_alive` looks for it
-                   sys.executable, "-X", f"vmmgr-lab={self.root}", "-m", "celery",
-                   "-A", "tasks.app", "worker", "-Q", f"host.{host},control",
-                   "-n", f"{host}@vmmgr-lab", "--pool", "threads",
-                   "--concurrency", str(WORKER_THREADS), "--loglevel", "INFO",
-                   "--logfile", f"{home}/worker.log",  # the node's own home, seen from inside
-                   "--without-mingle", "--without-gossip"]
-            started[host] = self._spawn(f"worker-{host}", cmd, self.env(host), cwd=node)
+            started[host] = self._spawn_on(host, ns, f"worker-{host}", [
+                "-m", "celery", "-A", "tasks.app", "worker", "-Q", f"host.{host},control",
+                "-n", f"{host}@vmmgr-lab", "--pool", "threads",
+                "--concurrency", str(WORKER_THREADS), "--loglevel", "INFO",
+                "--logfile", f"{home}/worker.log",  # the node's own home, seen from inside
+                "--without-mingle", "--without-gossip"])
         for host, pid in started.items():
             def ready() -> bool:
                 if not _running(pid):
@@ -131,6 +124,31 @@ class Services:
                    f"{self.worker_log(host)}")
         if started:
             self.log(f"celery workers ready: {', '.join(started)}")
+
+    def start_notice_watchers(self, namespaces: dict[str, str]) -> None:
+        """Each host's notice watcher, as the kvm_host role's vmmgr-notice unit runs it, on a
+        file in the host's own home (`vmmgr lab notice` writes it, as a cloud's notice would)."""
+        for host, ns in namespaces.items():
+            if not self._alive(f"notice-{host}"):
+                self._spawn_on(host, ns, f"notice-{host}", [
+                    "-m", "vmmgr.cli", "notice", "watch", "--host", host,
+                    "--source", f"file:{self.paths.home / NOTICE_FILE}"])
+
+    def notice_file(self, host: str) -> Path:
+        """Where host's watcher looks for a notice, seen from the control node."""
+        return self.node_home(host) / NOTICE_FILE
+
+    def _spawn_on(self, host: str, ns: str, name: str, python_args: list[str]) -> int:
+        """A Python process of the lab's on `host`: in its network namespace and in a mount
+        namespace of its own where the node's folder is the home, with the shared storage in it."""
+        home, storage, node = str(self.paths.home), str(self.paths.storage), self.node_home(host)
+        script = ('set -e; mount --bind "$1" "$2/storage"; mount --rbind "$2" "$3"; shift 3; '
+                  'exec "$@"')
+        cmd = ["ip", "netns", "exec", ns, "unshare", "-m", "--propagation", "private",
+               "sh", "-c", script, "node-home", storage, str(node), home,
+               # -X: the lab's folder on the command line, where `_alive` looks for it
+               sys.executable, "-X", f"vmmgr-lab={self.root}", *python_args]
+        return self._spawn(name, cmd, self.env(host), cwd=node)
 
     def start_beat(self) -> None:
         if self._alive("beat"):

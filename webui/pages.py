@@ -14,6 +14,7 @@ from flask import (Blueprint, Response, flash, g, redirect, render_template, req
 from markupsafe import Markup, escape
 
 from vmmgr import overview, requests, usage
+from vmmgr.deadline import parse_duration
 from vmmgr.errors import InvalidRequest, NotFound, VmmgrError
 from vmmgr.policy import DEFAULT_POLICY, POLICIES
 from vmmgr.spec import validate_name
@@ -237,11 +238,17 @@ def vm_action(name, action):
     return _act(builders[action], back)
 
 
+def _deadline() -> float | None:
+    raw = (request.form.get("deadline") or "").strip()
+    return parse_duration(raw) if raw else None
+
+
 @bp.post("/hosts/<name>/<action>")
 @page_role("operator")
 def host_action(name, action):
     builders = {"drain": lambda f: requests.evacuate(f, name, deadline=False),
-                "reclaim": lambda f: requests.evacuate(f, name, deadline=True),
+                "reclaim": lambda f: requests.evacuate(f, name, deadline=True,
+                                                       deadline_s=_deadline()),
                 "enable": lambda f: requests.enable(f, name)}
     if action not in builders:
         raise NotFound(f"no action {action!r}")

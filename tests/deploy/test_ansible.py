@@ -260,7 +260,7 @@ def test_site_yml_sets_up_a_host_and_an_edge_and_a_second_run_changes_nothing(tr
         return sorted(str(p.relative_to(tree)) for p in (tree / "etc/systemd/system").glob("*.wants/*"))
 
     for unit in ("vmmgr-worker.service", "vmmgr-beat.service", "vmmgr-flower.service",
-                 "wg-quick@wg0.service",
+                 "vmmgr-notice.service", "wg-quick@wg0.service",
                  "redis-server.service", "systemd-networkd.service"):
         assert enabled(host, unit), f"{unit} not enabled; links: {' '.join(wants(host))}"
     assert enabled(host, "libvirtd-tls.socket") and enabled(host, "vmmgr-guest-firewall.service")
@@ -271,6 +271,9 @@ def test_site_yml_sets_up_a_host_and_an_edge_and_a_second_run_changes_nothing(tr
                 "import vmmgr.fleet, tasks.ops, flower.command"])
     flower_unit = (host / "etc/systemd/system/vmmgr-flower.service").read_text()
     assert "--address=127.0.0.1" in flower_unit, flower_unit  # loopback only, as in the lab
+    notice_unit = (host / "etc/systemd/system/vmmgr-notice.service").read_text()
+    # the same watcher and source the lab runs: a file in the host's home
+    assert "notice watch --host host1 --source file:/var/lib/vmmgr/notice.json" in notice_unit
     assert proc.returncode == 0, proc.stderr
 
     second = _play(inventory)

@@ -70,11 +70,12 @@ def make_vm(fleet, paths):
     made = []
     image = ensure_builtin(paths.images)
 
-    def make(name, host="host1", workload="counter", memory=128, gpu="", **params):
+    def make(name, host="host1", workload="counter", memory=128, gpu="", group="", **params):
         line = workloads.cmdline(workload, {k: str(v) for k, v in params.items()})
         spec = make_spec(name, memory_mib=memory, vcpus=1, kernel=image.kernel,
                          initrd=image.initrd, cmdline=line, image_root=paths.images,
-                         workload=workload, gpu_model=gpu, gpu_count=1 if gpu else 0)
+                         workload=workload, gpu_model=gpu, gpu_count=1 if gpu else 0,
+                         group=group)
         made.append(name)
         return fleet.create(spec, host)
 

@@ -146,3 +146,69 @@ def test_reclaim_refuses_unknown_hosts(lab):
     proc = cli("host", "reclaim", "host9")
     assert proc.returncode == 3 and "unknown host 'host9'" in proc.stderr
     assert cli("host", "enable", "nowhere").returncode == 3
+
+
+def test_a_notice_empties_a_host_before_its_deadline_moving_a_job_as_one(make_vm, fleet, paths):
+    """A file notice (as a cloud's would arrive) with a 45 s deadline on host1, which holds an
+    idle VM, a dirtier and a two-VM job. Room elsewhere is short: host2 has 384 MiB free and
+    host3 128, so placement finds room for one rank of the job but not both. Every VM is safe
+    before the deadline; the job's ranks go the same way (both parked, not one running while its
+    peer waits), and when host1 is back they resume together and count on exactly."""
+    make_vm("nt-full2", host="host2", workload="idle", memory=640)
+    make_vm("nt-full3", host="host3", workload="idle", memory=896)
+    make_vm("nt-dirty", host="host1", workload="dirtier", memory=256, rate=20, mib=48)
+    counters_ = ["nt-idle", "nt-r0", "nt-r1"]
+    for name in counters_:
+        make_vm(name, host="host1", interval=0.1, group="job" if "-r" in name else "")
+    for name in counters_:
+        wait_ticks(paths, name, 3)
+    try:
+        sent = time.time()
+        cli("lab", "notice", "host1", "--deadline", "45s", check_code=0)
+        task = _reclaim_task(fleet, after=sent, timeout=30)
+        result = _outcome(fleet, task, timeout=120)["result"]
+        assert result["deadline_s"] <= 45 and result["late"] == [] and result["failed"] == {}
+        assert sorted(result["safe_at"]) == ["nt-dirty", "nt-idle", "nt-r0", "nt-r1"]
+        assert all(at <= result["deadline_s"] for at in result["safe_at"].values()), result
+        assert sorted(result["suspended"]) == ["nt-r0", "nt-r1"], result  # the job, as one
+        assert "nt-idle" in result["migrated"]
+        assert host_state("host1") == "reclaimed" and fleet.host("host1").guests() == []
+        events = [e["message"] for e in fleet.state.events(200) if e["kind"] in ("notice", "plan")]
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "notice-reclaim.txt").write_text("\n".join(events) + "\n")
+        assert any("host1: lab notice" in m for m in events), events
+        assert any(m.startswith("host1: plan:") and "all safe" in m for m in events), events
+        assert any("4 of 4 VMs safe within" in m for m in events), events
+        wait_ticks(paths, "nt-idle", len(ticks(paths, "nt-idle")) + 3)
+        assert_contiguous(ticks(paths, "nt-idle"))
+
+        # host1 back: the job resumes whole, on host1, and counts on where it stopped
+        frozen = {n: ticks(paths, n) for n in ("nt-r0", "nt-r1")}
+        cli("host", "enable", "host1", check_code=0)
+        for n, seen in frozen.items():
+            after = wait_ticks(paths, n, len(seen) + 3)
+            assert after[: len(seen)] == seen and where_defined(fleet, n) == ["host1"]
+            assert_contiguous(after)
+    finally:
+        cli("host", "enable", "host1")
+
+
+def _reclaim_task(fleet, after: float, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for t in fleet.state.recent_tasks(20):
+            if t.get("name") == "reclaim_host" and float(t.get("submitted", 0)) >= after:
+                assert "deadline_at" in json.loads(t["args"])
+                return t["id"]
+        time.sleep(0.3)
+    raise AssertionError("host1's notice watcher submitted no reclaim")
+
+
+def _outcome(fleet, task: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ended = fleet.state.task(task).get("outcome")
+        if ended:
+            return json.loads(ended)
+        time.sleep(0.5)
+    raise AssertionError(f"the reclaim task {task} did not end")

@@ -80,3 +80,13 @@ def test_replanning_counts_from_the_start_with_the_time_left():
     assert again.feasible, again.summary()
     assert min(m.start_s for m in again.moves) == 20
     assert "suspend" in hows(again).values()
+
+
+def test_durations():
+    import pytest
+    from vmmgr.deadline import parse_duration
+    from vmmgr.errors import InvalidRequest
+    assert [parse_duration(t) for t in ("30", "30s", "2m", "1h", "1.5m")] == [30, 30, 120, 3600, 90]
+    for bad in ("", "soon", "-5s", "0", "2d", "25h", "\u00b2s", "nan"):
+        with pytest.raises(InvalidRequest):
+            parse_duration(bad)

@@ -94,6 +94,12 @@ def test_unknown_things_are_404(app, tokens, url, message):
     ("post", "/api/v1/hosts/h1/drain", {"timeout": "5"}, 400, "field 'timeout' must be a number"),
     ("post", "/api/v1/hosts/h1/drain", None, 404, "unknown host 'h1'"),
     ("post", "/api/v1/hosts/h1/reclaim", {"now": True}, 400, "unknown field(s): now"),
+    ("post", "/api/v1/hosts/h1/reclaim", {"deadline_s": 0}, 400,
+     "field 'deadline_s': should be greater than 0"),
+    ("post", "/api/v1/hosts/h1/reclaim", {"deadline_s": "30s"}, 400,
+     "field 'deadline_s' must be a number"),
+    ("post", "/api/v1/hosts/h1/reclaim", {"deadline_s": 30}, 404, "unknown host 'h1'"),
+    ("post", "/api/v1/vms", {"name": "a", "group": "../x"}, 400, "invalid group name"),
     ("post", "/api/v1/hosts/h1/enable", None, 404, "unknown host 'h1'"),
 ])
 def test_bad_requests_are_refused_and_queue_nothing(app, tokens, redis_url, method, url, body,

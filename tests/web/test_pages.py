@@ -90,6 +90,9 @@ def test_actions_need_the_csrf_token(as_role, url):
     ("/vms/vm1/destroy", {}, "unknown VM &#39;vm1&#39;"),
     ("/hosts/host1/drain", {}, "unknown host &#39;host1&#39;"),
     ("/hosts/host1/reclaim", {}, "unknown host &#39;host1&#39;"),
+    ("/hosts/host1/reclaim", {"deadline": "soon"}, "is not a duration"),
+    ("/hosts/host1/reclaim", {"deadline": "2d"}, "is not a duration"),
+    ("/hosts/host1/reclaim", {"deadline": "0s"}, "more than 0 s and at most a day"),
     ("/hosts/host1/enable", {}, "unknown host &#39;host1&#39;"),
 ])
 def test_refusals_are_shown_and_change_nothing(as_role, redis_url, url, form, message):

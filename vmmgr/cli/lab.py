@@ -1,8 +1,14 @@
 """`vmmgr lab ...`: the local lab."""
 
+import json
+import os
+import uuid
+
 import click
 
 from .. import display
+from ..deadline import parse_duration
+from ..errors import NotFound
 from ..lab import Lab, status_dicts
 from ..paths import Paths, lab_paths
 from .base import emit_json, log_line, cli
@@ -51,3 +57,23 @@ def lab_down(paths: Paths) -> None:
     """Remove every namespace, daemon, VM and link of the lab."""
     removed = Lab(paths, log=log_line).down()
     click.echo(f"removed {len(removed)} namespaces and links" if removed else "nothing to remove")
+
+
+@lab.command("notice")
+@click.argument("host")
+@click.option("--deadline", default="30s", show_default=True, metavar="DURATION",
+              help="How long until the host is taken back (30s, 2m).")
+@click.pass_obj
+def lab_notice(paths: Paths, host: str, deadline: str) -> None:
+    """Send a lab host a preemption notice, as a cloud would: its watcher reclaims it against
+    the deadline."""
+    seconds = parse_duration(deadline)
+    lab = Lab(paths)
+    if host not in {h.name for h in lab.running_hosts()}:
+        raise NotFound(f"no running lab host {host!r}")
+    path = lab.services().notice_file(host)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"deadline_s": seconds, "id": str(uuid.uuid4()),
+                               "reason": f"lab notice: {host} is taken back in {deadline}"}))
+    os.replace(tmp, path)  # whole: the watcher never reads half a notice
+    click.echo(f"{host}: notice written ({path}); taken back in {seconds:.0f} s")
