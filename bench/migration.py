@@ -33,7 +33,7 @@ from vmmgr.errors import MigrationFailed
 from vmmgr.fleet import Fleet
 from vmmgr.images import ensure_builtin
 from vmmgr.lab import Lab, lab_host
-from vmmgr.migration import MigrationResult, migrate
+from vmmgr.migration import MigrationResult, migrate, peer_uri
 from vmmgr.paths import lab_paths
 from vmmgr.policy import DEFAULT_POLICY, get_policy
 from vmmgr.spec import make_spec
@@ -140,8 +140,11 @@ def bench_one(fleet, paths, uris, ring, wname, method, opts, link) -> dict:
 
 
 def plain_move(fleet, uris, vm, src, dst, cap, timeout) -> dict:
+    # the destination as the source's libvirtd dials it, over TLS when the hosts are set up so
     cmd = ["virsh", "-c", uris[src], "migrate", "--live", "--p2p", "--persistent",
-           "--undefinesource", vm, uris[dst]]
+           "--undefinesource", vm, peer_uri(uris[dst])]
+    if fleet.host(dst).record.tls:
+        cmd.append("--tls")
     if cap:
         cmd += ["--bandwidth", str(cap)]
     t0 = time.monotonic()
@@ -155,7 +158,7 @@ def plain_move(fleet, uris, vm, src, dst, cap, timeout) -> dict:
                 "downtime_ms": None, "bytes": 0}
     if proc.returncode != 0:
         return {"converged": False, "total_ms": int((time.monotonic() - t0) * 1000),
-                "downtime_ms": None, "bytes": 0, "error": proc.stderr.strip()}
+                "downtime_ms": None, "bytes": 0, "error": proc.stderr.read().strip()}
     stats = fleet.host(dst).find_guest(vm).job_stats(completed=True)
     return {"converged": True, "total_ms": stats.get("time_elapsed"),
             "downtime_ms": stats.get("downtime"), "bytes": stats.get("data_processed", 0)}

@@ -191,6 +191,30 @@ def _better(a: Plan, b: Plan, deadline_s: float) -> bool:
     return (late_a, a.end_s) < (late_b, b.end_s)
 
 
+# What the planner is measured against (`./run bench-reclaim`), carried out by the same executor.
+NAIVE = ("all-at-once", "one-at-a-time", "suspend-all")
+
+
+def naive(vms: list[Candidate], strategy: str, deadline_s: float,
+          rates: Rates) -> tuple[Plan, Rates]:
+    """A naive strategy's plan and the parallelism it runs with: every VM with room migrates,
+    all at once or one at a time; or every VM is saved, all at once. No clock in the choice."""
+    units = _units(vms)
+    n = max(1, len(vms))
+    if strategy == "suspend-all":
+        run_with = replace(rates, save_streams=n)
+        on_link: set[str] = set()
+    elif strategy in ("all-at-once", "one-at-a-time"):
+        streams = n if strategy == "all-at-once" else 1
+        run_with = replace(rates, link_total_mibps=rates.link_mibps * streams)
+        on_link = {key for key, members in units.items() if _can_migrate(members)}
+    else:
+        raise ValueError(f"unknown strategy {strategy!r} (known: {', '.join(NAIVE)})")
+    p = _schedule(units, on_link, deadline_s, run_with)
+    p.late = sorted(m.vm for m in p.moves if m.end_s > deadline_s)
+    return p, run_with
+
+
 def parse_duration(text: str) -> float:
     """Seconds from `30`, `30s`, `2m` or `1h`: more than 0, at most a day."""
     units = {"s": 1, "m": 60, "h": 3600}

@@ -30,8 +30,9 @@ class DeadlineReport(EvacuationReport):
 
 
 def reclaim_by(fleet: Fleet, host: str, deadline_at: float, report,
-               rates: deadline.Rates | None = None) -> DeadlineReport:
-    """Empty `host` so that every VM is safe by `deadline_at` (unix time) if it can be."""
+               rates: deadline.Rates | None = None, strategy: str = "plan") -> DeadlineReport:
+    """Empty `host` so that every VM is safe by `deadline_at` (unix time) if it can be.
+    `strategy`: the planner's, or one of `deadline.NAIVE` (what the benchmark compares)."""
     fleet.host(host)  # NotFound for an unknown host
     fleet.inventory.set_state(host, "draining")
     t0, wall0 = time.monotonic(), time.time()
@@ -51,12 +52,16 @@ def reclaim_by(fleet: Fleet, host: str, deadline_at: float, report,
         s.name, s.memory_mib, dirty.get(s.name, 0.0), s.live,
         steps[s.name].target, groups.get(s.name, "")) for s in sizes}
     budget = deadline_at - time.time()
-    plan = deadline.plan(list(candidates.values()), budget, rates)
+    if strategy == "plan":
+        plan, run_with = deadline.plan(list(candidates.values()), budget, rates), rates
+    else:
+        plan, run_with = deadline.naive(list(candidates.values()), strategy, budget, rates)
     say(f"{host}: {plan.summary()} (rates: link {rates.link_mibps:.0f} MiB/s a stream, "
         f"storage {rates.storage_mibps:.0f} MiB/s; dirty {_dirty_words(dirty)})", kind="plan")
     outcome = DeadlineReport(host, [], [], {}, 0.0, deadline_s=round(deadline_at - wall0, 1),
                              plan=plan.summary())
-    _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0)
+    _carry_out(fleet, report, plan, candidates, deadline_at, run_with, outcome, t0,
+               replanning=strategy == "plan")
     left = [n for n in read_each(fleet.host(host).guests(),
                                  lambda g: g.is_persistent() and g.name) if n]
     if not left:
@@ -78,7 +83,8 @@ def reclaim_by(fleet: Fleet, host: str, deadline_at: float, report,
     return outcome
 
 
-def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0) -> None:
+def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
+               replanning: bool = True) -> None:
     """Each resource's moves in the plan's order, as many at once as pay; before a migration
     starts, it is re-planned on the rates measured so far and turns into a save if it would
     now end after the deadline while a save would not."""
@@ -86,7 +92,8 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0)
     queues = {"link": [m for m in plan.moves if m.resource == "link"],
               "storage": [m for m in plan.moves if m.resource == "storage"]}
     seen = {"link": rates.link_mibps, "storage": rates.storage_mibps / max(1, rates.save_streams)}
-    slots = {s: threading.Semaphore(2) for s in {m.target for m in plan.moves if m.target}}
+    per_target = max(2, rates.link_streams)
+    slots = {s: threading.Semaphore(per_target) for s in {m.target for m in plan.moves if m.target}}
 
     def next_move(resource: str):
         with lock:
@@ -95,10 +102,12 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0)
     def worker(resource: str) -> None:
         while (move := next_move(resource)) is not None:
             c = candidates[move.vm]
-            if resource == "link":
+            if resource == "link" and replanning:
                 move = _replanned(move, c, deadline_at, replace(
                     rates, link_mibps=seen["link"]), report)
             started = time.monotonic()
+            if resource == "link" and not replanning:
+                move = replace(move, how="migrate")
             how = {"migrate": "migrate", "postcopy": "migrate", "suspend": "suspend",
                    "hibernate": "hibernate" if move.target else "suspend"}[move.how]
             step = Step(move.vm, how, move.target, move.reason,

@@ -58,7 +58,7 @@ def create(fleet: Fleet, report: Report, spec: dict, host: str | None = None) ->
                          kernel=spec["kernel"], initrd=spec.get("initrd"),
                          cmdline=spec["cmdline"], image_root=paths.images,
                          workload=spec.get("workload", ""), gpu_model=spec.get("gpu_model", ""),
-                         gpu_count=spec.get("gpu_count", 0))
+                         gpu_count=spec.get("gpu_count", 0), group=spec.get("group", ""))
     vm = spec_obj.name
     with fleet.lock_vm(vm, f"create of {vm}"):
         existing = fleet.find(vm, strict=True)

@@ -30,7 +30,7 @@ class Policy:
     parallel_connections: int = 0  # >= 2: multifd (not with post-copy in QEMU 7.2)
     postcopy: bool = False  # may switch to post-copy (then the VM cannot go back)
     # Steered while it runs:
-    downtime_start_ms: int = 100
+    downtime_start_ms: int = 20  # low first: on QEMU 10 the blackout sits near the limit set
     downtime_max_ms: int = 300
     downtime_steps: int = 4
     downtime_step_after_s: float = 2.0  # stalled this long -> next downtime step

@@ -157,12 +157,14 @@ def test_a_notice_empties_a_host_before_its_deadline_moving_a_job_as_one(make_vm
     make_vm("nt-full2", host="host2", workload="idle", memory=640)
     make_vm("nt-full3", host="host3", workload="idle", memory=896)
     make_vm("nt-dirty", host="host1", workload="dirtier", memory=256, rate=20, mib=48)
-    counters_ = ["nt-idle", "nt-r0", "nt-r1"]
-    for name in counters_:
-        make_vm(name, host="host1", interval=0.1, group="job" if "-r" in name else "")
-    for name in counters_:
-        wait_ticks(paths, name, 3)
+    make_vm("nt-idle", host="host1", interval=0.1)
     try:
+        for rank in ("nt-r0", "nt-r1"):  # through the CLI and the task API, as a user would
+            cli("vm", "create", rank, "--host", "host1", "--group", "job", "--param",
+                "interval=0.1", check_code=0)
+            assert fleet.locate(rank).group() == "job"
+        for name in ("nt-idle", "nt-r0", "nt-r1"):
+            wait_ticks(paths, name, 3)
         sent = time.time()
         cli("lab", "notice", "host1", "--deadline", "45s", check_code=0)
         task = _reclaim_task(fleet, after=sent, timeout=30)
@@ -191,6 +193,8 @@ def test_a_notice_empties_a_host_before_its_deadline_moving_a_job_as_one(make_vm
             assert_contiguous(after)
     finally:
         cli("host", "enable", "host1")
+        for rank in ("nt-r0", "nt-r1"):
+            cli("vm", "destroy", rank)
 
 
 def _reclaim_task(fleet, after: float, timeout: float) -> str:

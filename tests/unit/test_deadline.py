@@ -90,3 +90,15 @@ def test_durations():
     for bad in ("", "soon", "-5s", "0", "2d", "25h", "\u00b2s", "nan"):
         with pytest.raises(InvalidRequest):
             parse_duration(bad)
+
+
+def test_the_naive_strategies_it_is_measured_against():
+    from vmmgr.deadline import naive
+    vms = [Candidate(f"v{i}", 512, target="h2") for i in range(3)] + [Candidate("nr", 128)]
+    p, r = naive(vms, "all-at-once", 30, RATES)
+    assert r.link_streams == 4 and hows(p) == {"v0": "migrate", "v1": "migrate",
+                                                "v2": "migrate", "nr": "suspend"}
+    p, r = naive(vms, "one-at-a-time", 30, RATES)
+    assert r.link_streams == 1 and sorted(m.start_s for m in p.moves if m.how == "migrate")[1] > 0
+    p, r = naive(vms, "suspend-all", 30, RATES)
+    assert set(hows(p).values()) == {"suspend"} and r.save_streams == 4

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from vmmgr.render import XMLNS, address_of, domain_xml, set_console_path
+from vmmgr.render import XMLNS, address_of, domain_xml, group_of, set_console_path
 from vmmgr.spec import VMSpec
 
 GOLDEN = Path(__file__).parent.parent / "golden"
@@ -69,3 +69,10 @@ def test_the_address_is_in_the_metadata_the_nic_and_the_command_line():
     assert root.find("./os/cmdline").text.endswith("vmmgr.ip=10.78.0.7 vmmgr.gw=10.78.0.1")
     plain = domain_xml(spec(), accel="tcg", console_path=Path("/c.log"))
     assert address_of(plain) is None and ET.fromstring(plain).find("./devices/interface") is None
+
+
+def test_a_job_is_kept_in_the_metadata_and_survives_a_console_move():
+    xml = domain_xml(spec(group="train-7"), accel="tcg", console_path=Path("/c.log"))
+    assert group_of(xml) == "train-7"
+    assert group_of(set_console_path(xml, Path("/d.log"))) == "train-7"
+    assert group_of(domain_xml(spec(), accel="tcg", console_path=Path("/c.log"))) == ""

@@ -1,0 +1,183 @@
+"""Benchmark: a reclaim against a deadline, vmmgr's planner against naive strategies, side by side.
+
+    ./run bench-reclaim [--deadlines 30,120] [--link-mbit 400]
+
+host1 of the lab holds a mixed set whose RAM nears the host's 1024 MiB: two idle counters, a light
+dirtier (4 MiB/s), a heavy one (64 MiB/s, faster than the shaped link sends) and a two-VM job. For
+each deadline and each strategy the same set is created afresh on host1, and host1 is reclaimed
+through the same executor (`deadline_run.reclaim_by`) with that deadline:
+
+  plan           vmmgr's deadline planner (measured dirty rates, link and storage bandwidth)
+  all-at-once    every VM with room migrates, all at once
+  one-at-a-time  every VM with room migrates, one after another
+  suspend-all    every VM is saved to storage, all at once
+
+Reported per run: VMs safe before the deadline, VMs kept running (migrated), the time the last VM
+was safe, that time against the physical limit (total RAM / the better of the link's and the
+storage's measured bandwidth), and whether the plan said before it started that it would be late.
+Every VM is then checked (counters contiguous, dirtiers without a CORRUPT line) and removed.
+Writes bench/results/reclaim.json, reclaim.md and reclaim.png.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from migration import measure_link_mibps, shape_links, verify
+
+from vmmgr import deadline, deadline_run, operations, workloads
+from vmmgr.fleet import Fleet
+from vmmgr.images import ensure_builtin
+from vmmgr.lab import Lab
+from vmmgr.paths import lab_paths
+from vmmgr.spec import make_spec
+
+RESULTS = Path(__file__).resolve().parent / "results"
+STRATEGIES = ("plan", *deadline.NAIVE)
+VMS = [  # name, workload, params, MiB, group
+    ("br-idle1", "counter", {"interval": "0.2"}, 128, ""),
+    ("br-idle2", "counter", {"interval": "0.2"}, 128, ""),
+    ("br-light", "dirtier", {"rate": "4", "mib": "32"}, 192, ""),
+    ("br-heavy", "dirtier", {"rate": "64", "mib": "64"}, 256, ""),
+    ("br-job0", "counter", {"interval": "0.2"}, 128, "job"),
+    ("br-job1", "counter", {"interval": "0.2"}, 128, "job"),
+]
+MiB = 2**20
+
+
+def main() -> int:
+    args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    args.add_argument("--deadlines", default="30,120", help="seconds, comma-separated")
+    args.add_argument("--link-mbit", type=int, default=400, help="shape the inter-host link")
+    args.add_argument("--strategies", default=",".join(STRATEGIES))
+    opts = args.parse_args()
+    paths = lab_paths()
+    lab = Lab(paths, log=lambda m: print(f"  {m}", flush=True))
+    started_lab = not lab.running_hosts()
+    records = lab.up(3)
+    ring = [r.name for r in records[:3]]
+    runs = []
+    try:
+        shape_links(ring, opts.link_mbit)
+        link = measure_link_mibps()
+        storage = measure_storage_mibps(paths.storage)
+        rates = deadline.Rates(link_mibps=link, link_total_mibps=link, storage_mibps=storage)
+        print(f"link {link:.0f} MiB/s (shaped to {opts.link_mbit} Mbit/s), storage "
+              f"{storage:.0f} MiB/s, accelerator {records[0].accel}", flush=True)
+        with Fleet(paths) as fleet:
+            for seconds in [float(d) for d in opts.deadlines.split(",")]:
+                for strategy in opts.strategies.split(","):
+                    runs.append(run_one(fleet, paths, strategy, seconds, rates))
+    finally:
+        shape_links(ring, 0)
+        if started_lab:
+            lab.down()
+    total = sum(v[3] for v in VMS)
+    report = {"accel": records[0].accel, "link_mibps": round(link, 1),
+              "link_shaped_mbit": opts.link_mbit, "storage_mibps": round(storage, 1),
+              "total_ram_mib": total,
+              "physical_limit_s": round(total / max(link, storage), 1), "runs": runs}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "reclaim.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / "reclaim.md").write_text(markdown(report))
+    plot(report, RESULTS / "reclaim.png")
+    print(markdown(report))
+    return 0
+
+
+def run_one(fleet, paths, strategy: str, seconds: float, rates) -> dict:
+    image = ensure_builtin(paths.images)
+    for name, wl, params, mib, group in VMS:
+        if fleet.find(name):
+            fleet.destroy(name)
+        fleet.create(make_spec(name, memory_mib=mib, vcpus=1, kernel=image.kernel,
+                               initrd=image.initrd, cmdline=workloads.cmdline(wl, params),
+                               image_root=paths.images, workload=wl, group=group), "host1")
+    time.sleep(10)  # boot and start the workloads
+    report = operations.LocalReport(fleet, lambda m: print(f"    {m}", flush=True))
+    try:
+        out = deadline_run.reclaim_by(fleet, "host1", time.time() + seconds, report,
+                                      rates=rates, strategy=strategy)
+        safe_in_time = [v for v, at in out.safe_at.items() if at <= out.deadline_s]
+        operations.enable_host(fleet, report, "host1")  # parked VMs resume for the checks
+        time.sleep(4)
+        checks = {name: verify(paths, name, wl) for name, wl, *_ in VMS}
+    finally:
+        for name, *_ in VMS:
+            if fleet.find(name):
+                fleet.destroy(name)
+        fleet.inventory.set_state("host1", "active")
+    row = {"strategy": strategy, "deadline_s": seconds, "vms": len(VMS),
+           "safe_in_time": len(safe_in_time), "kept_running": len(out.migrated),
+           "last_safe_s": max(out.safe_at.values()) if out.safe_at else None,
+           "said_late": "cannot save everything" in out.plan,
+           "plan": out.plan, "safe_at": out.safe_at, "failed": out.failed,
+           "verified": all(ok for ok, _ in checks.values()),
+           "checks": {n: detail for n, (_, detail) in checks.items()}}
+    print(f"  {strategy:13} {seconds:5.0f} s: {row['safe_in_time']}/{row['vms']} safe in time, "
+          f"{row['kept_running']} kept running, last safe at {row['last_safe_s']} s, "
+          f"verified {row['verified']}", flush=True)
+    return row
+
+
+def measure_storage_mibps(storage: Path, mib: int = 256) -> float:
+    """Sequential write to the shared storage, flushed: what a save's image write meets."""
+    path = storage / ".bench-write"
+    block = os.urandom(MiB)
+    t0 = time.monotonic()
+    with open(path, "wb") as f:
+        for _ in range(mib):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    elapsed = time.monotonic() - t0
+    path.unlink()
+    return mib / elapsed
+
+
+def markdown(report) -> str:
+    head = (f"Reclaim benchmark: host1 holds {len(VMS)} VMs, {report['total_ram_mib']} MiB in all "
+            f"(idle, light, heavy, a two-VM job), accelerator {report['accel']}; link "
+            f"{report['link_mibps']} MiB/s (shaped to {report['link_shaped_mbit']} Mbit/s), "
+            f"storage {report['storage_mibps']} MiB/s; physical limit (RAM ÷ the better "
+            f"bandwidth) {report['physical_limit_s']} s.\n\n")
+    rows = ["| deadline | strategy | safe in time | kept running | last safe | ÷ physical limit "
+            "| said late before starting | checks |", "|---|---|---|---|---|---|---|---|"]
+    for r in report["runs"]:
+        last = r["last_safe_s"]
+        ratio = f"{last / report['physical_limit_s']:.1f} ×" if last else "–"
+        rows.append(f"| {r['deadline_s']:.0f} s | {r['strategy']} | {r['safe_in_time']}/{r['vms']} "
+                    f"| {r['kept_running']} | {last if last is not None else '–'} s | {ratio} "
+                    f"| {'yes' if r['said_late'] else 'no'} | "
+                    f"{'ok' if r['verified'] else 'FAILED'} |")
+    return head + "\n".join(rows) + "\n"
+
+
+def plot(report, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    deadlines = sorted({r["deadline_s"] for r in report["runs"]})
+    fig, axes = plt.subplots(1, len(deadlines), figsize=(6 * len(deadlines), 4), squeeze=False)
+    for ax, d in zip(axes[0], deadlines):
+        for r in (x for x in report["runs"] if x["deadline_s"] == d):
+            times = sorted(r["safe_at"].values())
+            ax.step([0] + times, range(len(times) + 1), where="post",
+                    label=f"{r['strategy']} ({r['kept_running']} kept running)")
+        ax.axvline(d, color="red", linestyle="--", label="deadline")
+        ax.axvline(report["physical_limit_s"], color="grey", linestyle=":",
+                   label="physical limit")
+        ax.set_xlabel("seconds from the notice")
+        ax.set_ylabel("VMs safe")
+        ax.set_title(f"deadline {d:.0f} s")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
