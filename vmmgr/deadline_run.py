@@ -18,6 +18,7 @@ from .guest import read_each
 from .reclaim import EvacuationReport, Step, _size, _wait_for_jobs, plan_evacuation, run_step
 
 DIRTY_SAMPLE_S = 1
+MAX_STREAMS = 4  # migrations at once from one host, however slow each proves
 RATES = "vmmgr:rates"  # measured link and storage bandwidths, MiB/s, kept between reclaims
 
 
@@ -87,12 +88,14 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
                replanning: bool = True) -> None:
     """Each resource's moves in the plan's order, as many at once as pay; before a migration
     starts, it is re-planned on the rates measured so far and turns into a save if it would
-    now end after the deadline while a save would not."""
+    now end after the deadline while a save would not. When migrations prove slower than the
+    link (a stream bound by the CPU or by latency), more run at once: as many as the link's
+    total holds at the measured rate of one."""
     lock = threading.Lock()
     queues = {"link": [m for m in plan.moves if m.resource == "link"],
               "storage": [m for m in plan.moves if m.resource == "storage"]}
     seen = {"link": rates.link_mibps, "storage": rates.storage_mibps / max(1, rates.save_streams)}
-    per_target = max(2, rates.link_streams)
+    per_target = MAX_STREAMS if replanning else max(2, rates.link_streams)
     slots = {s: threading.Semaphore(per_target) for s in {m.target for m in plan.moves if m.target}}
 
     def next_move(resource: str):
@@ -125,19 +128,39 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
                 if kind:
                     rate = c.memory_mib / max(0.1, spent - rates.overhead_s)
                     seen[kind] = 0.5 * seen[kind] + 0.5 * rate
+                if kind == "link" and replanning:
+                    pay = int(rates.link_total_mibps // max(seen["link"], 1e-9))
+                    while len(running["link"]) < min(MAX_STREAMS, pay, len(queues["link"]) +
+                                                     len(running["link"])):
+                        start("link")
             if safe:
                 at = outcome.safe_at[move.vm]
                 report.event(f"{move.vm}: safe at {at:.1f} s by {move.how} "
                              f"({'within' if at <= outcome.deadline_s else 'AFTER'} the "
                              f"{outcome.deadline_s:.0f} s deadline)", vm=move.vm, kind="plan")
 
-    threads = [threading.Thread(target=worker, args=(r,), name=f"reclaim-{r}-{i}")
-               for r, n in (("link", rates.link_streams), ("storage", rates.save_streams))
-               for i in range(n)]
-    for t in threads:
+    running: dict[str, list[threading.Thread]] = {"link": [], "storage": []}
+    threads: list[threading.Thread] = []
+
+    def start(resource: str) -> None:  # with `lock` held, or before any worker runs
+        t = threading.Thread(target=worker, args=(resource,),
+                             name=f"reclaim-{resource}-{len(running[resource])}")
+        running[resource].append(t)
+        threads.append(t)
         t.start()
-    for t in threads:
+
+    with lock:
+        for resource, n in (("link", rates.link_streams), ("storage", rates.save_streams)):
+            for _ in range(min(n, MAX_STREAMS) if replanning else n):  # naive: as told
+                start(resource)
+    joined = 0
+    while True:  # workers started meanwhile are joined too
+        with lock:
+            if joined == len(threads):
+                break
+            t = threads[joined]
         t.join()
+        joined += 1
     _remember(fleet.state.r, seen, rates)
 
 
