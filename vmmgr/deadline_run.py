@@ -95,6 +95,7 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
     queues = {"link": [m for m in plan.moves if m.resource == "link"],
               "storage": [m for m in plan.moves if m.resource == "storage"]}
     seen = {"link": rates.link_mibps, "storage": rates.storage_mibps / max(1, rates.save_streams)}
+    samples = {"link": 0, "storage": 0}
     per_target = MAX_STREAMS if replanning else max(2, rates.link_streams)
     slots = {s: threading.Semaphore(per_target) for s in {m.target for m in plan.moves if m.target}}
 
@@ -125,9 +126,10 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
                 kind = ("link" if move.vm in outcome.migrated and move.resource == "link" else
                         "storage" if move.vm in outcome.suspended and move.how == "suspend"
                         else None)
-                if kind:
+                if kind:  # the first measurement replaces the prior; later ones average in
                     rate = c.memory_mib / max(0.1, spent - rates.overhead_s)
-                    seen[kind] = 0.5 * seen[kind] + 0.5 * rate
+                    seen[kind] = rate if not samples[kind] else 0.5 * seen[kind] + 0.5 * rate
+                    samples[kind] += 1
                 if kind == "link" and replanning:
                     pay = int(rates.link_total_mibps // max(seen["link"], 1e-9))
                     while len(running["link"]) < min(MAX_STREAMS, pay, len(queues["link"]) +
