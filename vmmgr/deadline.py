@@ -3,8 +3,8 @@ and how many at once, so that every VM is safe in time: running on another host,
 on shared storage.
 
 Pure: it works from each VM's memory and measured dirty rate, the link's and the storage's
-measured bandwidth, and where placement found room; the executor (`reclaim.evacuate_by`) measures,
-asks, carries the plan out and asks again as each move ends, with the rates it saw.
+measured bandwidth, and where placement found room; the executor (`deadline_run.reclaim_by`)
+measures, asks, carries the plan out and asks again as each move ends, with the rates it saw.
 
 The model. Migrations share the link and saves share the storage, and the two run side by side.
 A migration stream gets `link_mibps` until `link_total_mibps` is shared out, so running more

@@ -15,6 +15,7 @@ watcher sees it, and recorded in the event log, the audit trail and the metrics.
 """
 
 import json
+import math
 import os
 import time
 import urllib.error
@@ -49,10 +50,12 @@ def parse_document(text: str, source: str, written_at: float) -> Notice | None:
         raise InvalidRequest(f"the {source} notice is not JSON") from None
     if not isinstance(doc, dict):
         raise InvalidRequest(f"the {source} notice must be a JSON object")
+    seconds = doc.get("deadline_s")
     if "deadline_at" in doc:
         at = _instant(doc["deadline_at"])
-    elif isinstance(doc.get("deadline_s"), (int, float)) and not isinstance(doc["deadline_s"], bool):
-        at = written_at + float(doc["deadline_s"])
+    elif (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+          and math.isfinite(seconds)):
+        at = written_at + float(seconds)
     else:
         raise InvalidRequest(f"the {source} notice needs deadline_s (a number) or deadline_at")
     ident = str(doc.get("id") or f"{at:.3f}")
@@ -79,6 +82,8 @@ def parse_aws(status: int, body: str) -> Notice | None:
 
 def _instant(value) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise InvalidRequest(f"{value!r} is not a time")
         return float(value)
     try:
         when = datetime.fromisoformat(str(value).replace("Z", "+00:00"))

@@ -17,7 +17,8 @@ def test_documents_give_a_deadline_from_when_written_or_an_instant():
     n = notices.parse_document('{"deadline_at": "2026-12-03T12:00:30Z"}', "http", 0)
     assert n.deadline_at == notices._instant("2026-12-03T12:00:30+00:00")
     assert notices.parse_document("", "file", 0) is None  # an empty file: no notice yet
-    for bad in ("[1]", "{}", '{"deadline_s": "soon"}', '{"deadline_s": true}', "{oops"):
+    for bad in ("[1]", "{}", '{"deadline_s": "soon"}', '{"deadline_s": true}', "{oops",
+                '{"deadline_s": NaN}', '{"deadline_at": Infinity}', '{"deadline_at": "soon"}'):
         with pytest.raises(InvalidRequest):
             notices.parse_document(bad, "file", 0)
 
