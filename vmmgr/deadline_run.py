@@ -15,7 +15,8 @@ from . import deadline, metrics
 from .errors import VmmgrError
 from .fleet import Fleet
 from .guest import read_each
-from .reclaim import EvacuationReport, Step, _size, _wait_for_jobs, plan_evacuation, run_step
+from .reclaim import (EvacuationReport, Step, _size, _wait_for_jobs, finish, plan_evacuation,
+                      run_step)
 
 DIRTY_SAMPLE_S = 1
 MAX_STREAMS = 4  # migrations at once from one host, however slow each proves
@@ -63,22 +64,13 @@ def reclaim_by(fleet: Fleet, host: str, deadline_at: float, report,
                              plan=plan.summary())
     _carry_out(fleet, report, plan, candidates, deadline_at, run_with, outcome, t0,
                replanning=strategy == "plan")
-    left = [n for n in read_each(fleet.host(host).guests(),
-                                 lambda g: g.is_persistent() and g.name) if n]
-    if not left:
-        fleet.inventory.set_state(host, "reclaimed")
-        say(f"{host}: empty, reclaimed")
-    outcome.seconds = round(time.monotonic() - t0, 1)
+    finish(fleet, host, outcome, "reclaim", t0, say)
     outcome.late = sorted(set(candidates) - {v for v, s in outcome.safe_at.items()
                                              if s <= outcome.deadline_s})
     met = len(candidates) - len(outcome.late)
     say(f"{host}: {met} of {len(candidates)} VMs safe within the {outcome.deadline_s:.0f} s "
         f"deadline" + (f"; late or not saved: {', '.join(outcome.late)}" if outcome.late else ""),
         kind="plan")
-    for how, vms in (("migrated", outcome.migrated), ("suspended", outcome.suspended),
-                     ("hibernated", outcome.hibernated), ("failed", outcome.failed)):
-        metrics.count(fleet.state.r, "evacuated_vms", "reclaim", how, by=len(vms))
-    metrics.count(fleet.state.r, "evacuations", "reclaim")
     metrics.count(fleet.state.r, "deadline_vms", "met", by=met)
     metrics.count(fleet.state.r, "deadline_vms", "missed", by=len(outcome.late))
     return outcome

@@ -185,6 +185,16 @@ def _get(url: str, headers: dict | None = None, method: str = "GET") -> tuple[in
         return 0, ""  # the metadata server does not answer: no notice, try again
 
 
+STALE_AFTER_S = 60  # a notice whose deadline passed this long ago is history, not news
+
+
+def is_stale(notice: Notice, now: float) -> bool:
+    """A notice left behind (a file nobody removed, a document still served): its deadline is
+    long past, so the host it named has been taken back or kept since. Acting on it would
+    reclaim a host the operator has put back in service."""
+    return notice.deadline_at < now - STALE_AFTER_S
+
+
 def first_time(r, host: str, notice: Notice) -> bool:
     """True for the one watcher that acts on this notice (remembered for a day)."""
     return bool(r.set(f"vmmgr:notice:{host}:{notice.id}", str(notice.deadline_at), nx=True,

@@ -101,13 +101,18 @@ def evacuate(fleet: Fleet, host: str, deadline: bool, report, per_target: int = 
             break
         if all(s.action == "wait" for s in steps):
             time.sleep(2)  # drain: wait for room
+    return finish(fleet, host, outcome, "reclaim" if deadline else "drain", t0, on_event)
+
+
+def finish(fleet: Fleet, host: str, outcome, kind: str, t0: float, on_event):
+    """The end of an evacuation: the host `reclaimed` if nothing is left on it, the time taken,
+    and how each VM left counted."""
     left = [n for n in read_each(fleet.host(host).guests(),
                                  lambda g: g.is_persistent() and g.name) if n]
     if not left:
         fleet.inventory.set_state(host, "reclaimed")
         on_event(f"{host}: empty, reclaimed")
     outcome.seconds = round(time.monotonic() - t0, 1)
-    kind = "reclaim" if deadline else "drain"
     for how, vms in (("migrated", outcome.migrated), ("suspended", outcome.suspended),
                      ("hibernated", outcome.hibernated), ("failed", outcome.failed)):
         metrics.count(fleet.state.r, "evacuated_vms", kind, how, by=len(vms))

@@ -107,3 +107,10 @@ def test_a_notice_is_acted_on_once_per_host(redis_url):
     assert notices.first_time(r, "h2", n)  # another host's notice is its own
     notices.forget(r, "h1", n)
     assert notices.first_time(r, "h1", n)
+
+
+def test_a_notice_long_past_its_deadline_is_history_not_news():
+    # a file left behind after the host was taken back and put in service again
+    n = notices.Notice("file", "old", 1000, "")
+    assert not notices.is_stale(n, now=1000 + 30)
+    assert notices.is_stale(n, now=1000 + notices.STALE_AFTER_S + 1)

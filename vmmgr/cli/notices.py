@@ -51,6 +51,8 @@ def notice_watch(paths: Paths, host_name: str | None, spec: str | None, interval
 
 def act(paths: Paths, host: str, found: notices.Notice) -> bool:
     """Reclaim `host` against the notice's deadline, unless another watcher already did."""
+    if notices.is_stale(found, time.time()):
+        return False
     state = FleetState(paths.redis_url())
     if not notices.first_time(state.r, host, found):
         return False
