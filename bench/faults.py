@@ -359,7 +359,8 @@ def guest_ok(c: Lab3, vm: str) -> bool:
 
 def _ticks(c: Lab3, vm: str) -> list[int]:
     text = console.read(c.paths.consoles, vm).decode(errors="replace").replace("\r", "")
-    return [int(line.split()[1]) for line in text.splitlines() if line.startswith("tick ")]
+    lines = text.split("\n")[:-1]  # whole lines only: the last may be half written
+    return [int(line.split()[1]) for line in lines if line.startswith("tick ")]
 
 
 def create(fleet: Fleet, paths, image, vms=(DIRTY, COUNT)) -> None:

@@ -94,7 +94,9 @@ def cli(*args, check_code=None) -> subprocess.CompletedProcess:
 
 def ticks(paths, vm) -> list[int]:
     text = console.read(paths.consoles, vm).decode(errors="replace").replace("\r", "")
-    return [int(line.split()[1]) for line in text.splitlines() if line.startswith("tick ")]
+    # Only whole lines: the guest may be halfway through writing the last one ("tick ").
+    lines = text.split("\n")[:-1]
+    return [int(line.split()[1]) for line in lines if line.startswith("tick ")]
 
 
 def wait_ticks(paths, vm, at_least: int, timeout: float = 60) -> list[int]:
