@@ -108,7 +108,11 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
                    "hibernate": "hibernate" if move.target else "suspend"}[move.how]
             step = Step(move.vm, how, move.target, move.reason,
                         policy="never-fail" if move.how == "postcopy" else None)
-            run_step(fleet, report, step, outcome, slots, deadline=True)
+            try:
+                run_step(fleet, report, step, outcome, slots, deadline=True)
+            except Exception as err:  # noqa: BLE001 - one VM's surprise must not stop the rest
+                outcome.failed[move.vm] = f"{type(err).__name__}: {err}"
+                report.event(f"{move.vm}: {type(err).__name__}: {err}", vm=move.vm)
             spent = time.monotonic() - started
             safe = move.vm not in outcome.failed
             with lock:
