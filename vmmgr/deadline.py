@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from .errors import InvalidRequest
 
 POSTCOPY_ABOVE = 0.5  # dirty rate / stream rate above which pre-copy is not worth waiting on
+MAX_STREAMS = 4  # migrations at once from one host, however slow each is
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,9 @@ def save_seconds(c: Candidate, bw_mibps: float, rates: Rates) -> tuple[str, floa
 
 def plan(vms: list[Candidate], deadline_s: float, rates: Rates) -> Plan:
     """The plan that makes every VM safe soonest, preferring migration where time allows."""
+    # no more streams than the executor runs (a slow stream's rate must not promise eight)
+    rates = replace(rates, link_total_mibps=min(rates.link_total_mibps,
+                                                rates.link_mibps * MAX_STREAMS))
     units = _units(vms)
     # Start from "every unit that can migrate does", then move the unit that frees the most
     # link time to storage while that ends everything sooner and keeps the deadline in sight.

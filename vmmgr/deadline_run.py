@@ -19,7 +19,7 @@ from .reclaim import (EvacuationReport, Step, _size, _wait_for_jobs, finish, pla
                       run_step)
 
 DIRTY_SAMPLE_S = 1
-MAX_STREAMS = 4  # migrations at once from one host, however slow each proves
+MAX_STREAMS = deadline.MAX_STREAMS
 RATES = "vmmgr:rates"  # measured link and storage bandwidths, MiB/s, kept between reclaims
 
 
@@ -159,7 +159,8 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
             t = threads[joined]
         t.join()
         joined += 1
-    _remember(fleet.state.r, seen, rates)
+    if replanning:  # a naive strategy's rates are not the planner's to learn from
+        _remember(fleet.state.r, seen, rates)
 
 
 def _replanned(move, c, deadline_at, rates, report):

@@ -1,7 +1,7 @@
 """Preemption notices: a cloud says it takes a host back at a deadline; vmmgr reclaims the host
 against that deadline.
 
-One watcher runs on each host (`vmmgr notice watch`, the kvm_host role's vmmgr-notice unit) and
+One watcher runs on each host (`vmmgr notice watch`, the vmmgr_worker role's vmmgr-notice unit) and
 polls its source once a second:
 
 - `gce`: the metadata server's `instance/preempted` turns TRUE about 30 s before the ACPI soft-off;
@@ -74,8 +74,12 @@ def parse_aws(status: int, body: str) -> Notice | None:
     """`spot/instance-action`: 404 until AWS takes the instance back, then its action and time."""
     if status == 404 or not body.strip():
         return None
-    doc = json.loads(body)
-    at = _instant(doc["time"])
+    try:
+        doc = json.loads(body)
+        when = doc["time"]
+    except (ValueError, KeyError, TypeError):
+        raise InvalidRequest("the AWS instance-action document has no time") from None
+    at = _instant(when)
     return Notice("aws", f"{doc.get('action', 'terminate')}-{doc['time']}", at,
                   f"AWS spot interruption: {doc.get('action', 'terminate')} at {doc['time']}")
 

@@ -102,3 +102,13 @@ def test_the_naive_strategies_it_is_measured_against():
     assert r.link_streams == 1 and sorted(m.start_s for m in p.moves if m.how == "migrate")[1] > 0
     p, r = naive(vms, "suspend-all", 30, RATES)
     assert set(hows(p).values()) == {"suspend"} and r.save_streams == 4
+
+
+def test_no_more_streams_than_run_however_slow_one_is():
+    """A measured 20 MiB/s stream on a 220 MiB/s link would promise 11 at once; the executor
+    runs at most four, and the plan must not count on more."""
+    from vmmgr.deadline import MAX_STREAMS
+    slow = Rates(link_mibps=20, link_total_mibps=220, storage_mibps=200)
+    p = plan([Candidate(f"v{i}", 128, target="h2") for i in range(8)], 600, slow)
+    assert max(sum(1 for m in p.moves if m.start_s <= t < m.end_s)
+               for t in [m.start_s for m in p.moves]) == MAX_STREAMS

@@ -114,3 +114,9 @@ def test_a_notice_long_past_its_deadline_is_history_not_news():
     n = notices.Notice("file", "old", 1000, "")
     assert not notices.is_stale(n, now=1000 + 30)
     assert notices.is_stale(n, now=1000 + notices.STALE_AFTER_S + 1)
+
+
+def test_a_malformed_aws_document_is_a_clear_refusal_not_a_crash():
+    for body in ("<html>maintenance</html>", '{"action": "stop"}', "[1]"):
+        with pytest.raises(InvalidRequest, match="no time"):
+            notices.parse_aws(200, body)

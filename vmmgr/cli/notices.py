@@ -6,7 +6,6 @@ import time
 import click
 
 from .. import metrics, notices, requests
-from ..errors import VmmgrError
 from ..fleet import Fleet
 from ..paths import Paths
 from ..state import FleetState
@@ -42,8 +41,9 @@ def notice_watch(paths: Paths, host_name: str | None, spec: str | None, interval
             found = src.poll()
             if found is not None:
                 act(paths, host_name, found)
-        except VmmgrError as err:  # a malformed document, a store that does not answer
-            log_line(f"notice: {err}")
+        except Exception as err:  # noqa: BLE001 - a watcher that dies misses the next notice
+            # (a malformed document, a store or broker that does not answer: try again)
+            log_line(f"notice: {type(err).__name__}: {err}")
         if once:
             return
         time.sleep(interval)
@@ -58,14 +58,15 @@ def act(paths: Paths, host: str, found: notices.Notice) -> bool:
         return False
     left = found.deadline_at - time.time() - MARGIN_S
     try:
-        state.event(f"{host}: {found.detail or found.source + ' notice'}: taken back in "
-                    f"{left + MARGIN_S:.0f} s; reclaiming against that deadline", host=host,
-                    kind="notice")
-        metrics.count(state.r, "notices", found.source)
         with Fleet(paths) as fleet:
             req = requests.evacuate(fleet, host, True, deadline_s=min(86400.0, max(1.0, left)))
         run_request(paths, req, wait=False)
     except BaseException:
         notices.forget(state.r, host, found)  # not acted on: the next poll tries again
         raise
+    # recorded once it is acted on (a refused attempt, retried, is not a second notice)
+    state.event(f"{host}: {found.detail or found.source + ' notice'}: taken back in "
+                f"{left + MARGIN_S:.0f} s; reclaim submitted against that deadline", host=host,
+                kind="notice")
+    metrics.count(state.r, "notices", found.source)
     return True
