@@ -214,9 +214,11 @@ def resume_parked(fleet: Fleet, report) -> list[str]:
     takes the VM's lock: another node resuming the same VM at once is refused."""
     resumed = []
     waiting = [r for r in suspend.suspended(fleet) if r.parked]  # an operator's wait for them
+    saving = suspend.saving_groups(fleet.paths.saves)  # a job with a save still going waits
     jobs: dict[str, list] = {}
     for record in waiting:
-        jobs.setdefault(record.group or f"vm:{record.vm}", []).append(record)
+        if record.group not in saving:
+            jobs.setdefault(record.group or f"vm:{record.vm}", []).append(record)
     for members in jobs.values():
         targets = place_together(fleet.active_capacities(), members)
         if targets is None:

@@ -62,6 +62,21 @@ def save_dir(fleet: Fleet, vm: str) -> Path:
     return fleet.paths.saves / vm
 
 
+def saving_groups(saves: Path) -> set[str]:
+    """The jobs (groups) with a VM whose save has begun and not ended: until it ends, none of
+    the job's parked VMs resume (a job resumes whole, or not at all)."""
+    groups = set()
+    for d in sorted(saves.iterdir()) if saves.is_dir() else []:
+        if (d / INTENT).is_file() and not (d / RECORD).is_file():
+            try:
+                group = json.loads((d / INTENT).read_text()).get("group", "")
+            except (OSError, ValueError):
+                continue  # being written: the next pass sees it whole
+            if group:
+                groups.add(group)
+    return groups
+
+
 def suspended(fleet: Fleet) -> list[Suspended]:
     root = fleet.paths.saves
     if not root.is_dir():

@@ -107,3 +107,19 @@ def test_a_parked_job_resumes_only_when_all_of_it_fits():
     assert place_together({"h2": cap(used=256)}, ranks) is None
     assert place_together({"h2": cap(used=0)}, ranks) == ["h2", "h2"]
     assert place_together({"h2": cap(used=256), "h3": cap(used=256)}, ranks) == ["h2", "h3"]
+
+
+def test_a_job_with_a_save_still_going_is_not_resumed_in_part(tmp_path):
+    """rank0's save ended (record), rank1's has begun (intent only): the job waits for both."""
+    import json
+    from vmmgr.suspend import INTENT, RECORD, saving_groups
+    for vm, done in (("rank0", True), ("rank1", False), ("solo", False)):
+        d = tmp_path / vm
+        d.mkdir()
+        (d / INTENT).write_text(json.dumps({"vm": vm, "group": "" if vm == "solo" else "job"}))
+        if done:
+            (d / RECORD).write_text("{}")
+    assert saving_groups(tmp_path) == {"job"}
+    (tmp_path / "rank1" / RECORD).write_text("{}")
+    assert saving_groups(tmp_path) == set()
+    assert saving_groups(tmp_path / "absent") == set()
