@@ -231,12 +231,3 @@ def parse_duration(text: str) -> float:
     if not 0 < seconds <= 86400:
         raise InvalidRequest(f"a deadline must be more than 0 s and at most a day, not {text!r}")
     return seconds
-
-
-def replan(remaining: list[Candidate], elapsed_s: float, deadline_s: float, rates: Rates) -> Plan:
-    """The plan for the moves not yet started, on the rates measured so far, against the time
-    left; its times are shifted to count from the original start."""
-    p = plan(remaining, max(0.0, deadline_s - elapsed_s), rates)
-    moves = [replace(m, start_s=m.start_s + elapsed_s, end_s=m.end_s + elapsed_s)
-             for m in p.moves]
-    return Plan(moves, deadline_s, p.late)

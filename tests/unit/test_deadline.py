@@ -1,6 +1,6 @@
 """The deadline planner, without a hypervisor: made-up sizes, dirty rates and bandwidths."""
 
-from vmmgr.deadline import Candidate, Rates, plan, replan
+from vmmgr.deadline import Candidate, Rates, plan
 
 RATES = Rates(link_mibps=100, link_total_mibps=200, storage_mibps=200, save_streams=2,
               overhead_s=1.5, hibernate_overhead_s=10)
@@ -68,18 +68,6 @@ def test_when_not_everything_can_be_saved_it_says_so_first_and_saves_the_most():
     assert "cannot save everything in time" in p.summary() and "huge" in p.summary()
     # the small ones are not held up behind the large one
     assert all(m.end_s <= 10 for m in p.moves if m.vm != "huge")
-
-
-def test_replanning_counts_from_the_start_with_the_time_left():
-    slow = Rates(link_mibps=20, link_total_mibps=20, storage_mibps=200, save_streams=2)
-    vms = [Candidate("a", 512, target="h2"), Candidate("b", 512, target="h2")]
-    first = plan(vms, 60, RATES)
-    assert set(hows(first).values()) == {"migrate"}
-    # 20 s in, the link proved five times slower than thought: what has not started is saved
-    again = replan(vms, 20, 60, slow)
-    assert again.feasible, again.summary()
-    assert min(m.start_s for m in again.moves) == 20
-    assert "suspend" in hows(again).values()
 
 
 def test_durations():
