@@ -6,14 +6,15 @@ before they act. Expected failures (`VmmgrError`) end the task in FAILURE with t
 message and exit code; Celery does not log them as crashes.
 """
 
-from vmmgr import operations, reconcile as reconciliation
+from vmmgr import operations, reconcile as reconciliation, requests
 from vmmgr.errors import Conflict, VmmgrError
 from vmmgr.fleet import Fleet
 from vmmgr.inventory import HostRecord
 from vmmgr.locks import Lease
 from vmmgr.paths import default_paths
 
-from .app import app
+from .app import app, host_queue
+from .client import submit
 from .runtime import LockSpec, Run, run_once, state
 
 
@@ -56,6 +57,11 @@ def resume(self, vm: str, host: str | None = None) -> dict:
     return _run(self, LockSpec("vm", vm, f"resume of {vm}"), "resume", vm=vm, host=host)
 
 
+@operation("resume_postcopy")
+def resume_postcopy(self, vm: str) -> dict:
+    return _run(self, LockSpec("vm", vm, f"post-copy recovery of {vm}"), "resume_postcopy", vm=vm)
+
+
 @operation("destroy")
 def destroy(self, vm: str) -> dict:
     return _run(self, LockSpec("vm", vm, f"destroy of {vm}"), "destroy", vm=vm)
@@ -84,6 +90,16 @@ def add_host(self, record: dict) -> dict:
     return _run(self, LockSpec("host", name, f"add of {name}"), "add_host", record=record)
 
 
+def _submitter(fleet: Fleet):
+    """How the reconcile starts a VM's own recovery: queued as its own task, its lock taken
+    before it is queued (so the next pass sees it held and does not queue it twice)."""
+    def start(vm: str, source: str) -> None:
+        req = requests.resume_postcopy(vm, source)
+        submit(fleet.paths, req.op, req.kwargs, host_queue(req.host), LockSpec(*req.lock),
+               actor={"who": "reconcile", "via": "beat", "client": "-"})
+    return start
+
+
 @operation("reconcile")
 def reconcile(self) -> dict:
     """Resume parked VMs where there is room, and make the records match libvirt."""
@@ -94,6 +110,6 @@ def reconcile(self) -> dict:
         return {"skipped": "another reconcile is running"}
     try:  # the lease is renewed while it runs: a slow reconcile never overlaps the next
         with Run(self, None) as run, Fleet(default_paths(), run.id) as fleet:
-            return reconciliation.reconcile(fleet, run)
+            return reconciliation.reconcile(fleet, run, start=_submitter(fleet))
     finally:
         lease.__exit__(None, None, None)

@@ -275,9 +275,9 @@ class Fleet:
             if guest is None and not self.is_suspended(vm):
                 raise NotFound(f"unknown VM {vm!r}")
             lease.check()
-            if guest is not None:
-                guest.destroy()
-                guest.undefine()
+            for copy in self.find_all(vm):  # two while a broken post-copy waits paused
+                copy.destroy()
+                copy.undefine()
             edge = Edge.load(self.paths, self.state)
             address = pool_for(self.paths).address_of(vm) if pool_for(self.paths) else None
             if edge is not None and address:

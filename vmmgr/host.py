@@ -17,6 +17,9 @@ from .inventory import HostRecord
 from .libvirt_errors import translated
 from .libvirt_events import ensure_loop
 
+# virsh's own keepalive: a peer silent for 5 s x 6 closes the connection and fails its calls.
+KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 5, 6
+
 
 @dataclass(frozen=True)
 class Capacity:
@@ -71,6 +74,10 @@ class Host:
             ensure_loop()  # before the connection opens, or it delivers no events
             with translated(f"connect to host {self.name} ({self.uri})"):
                 self._conn = libvirt.open(self.uri)
+            try:  # as virsh does: a peer that stops answering fails the call, not hangs it
+                self._conn.setKeepAlive(KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT)
+            except libvirt.libvirtError:
+                pass  # a driver without keepalive (a local or test connection)
         return self._conn
 
     def watch_lifecycle(self, vm: str | None, callback: Callable[..., None]) -> int:

@@ -34,6 +34,10 @@ BASE_FLAGS = (
     | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE
 )
 POSTCOPY_RECOVERY_ATTEMPTS = 5
+# A post-copy resume that moves no data for this long is given up (paused again, to be tried
+# on the next pass): libvirt's call may wait on a peer that never answers, and a call that never
+# returns would hold the VM's lock for ever.
+RESUME_STALL_S = 60.0
 
 
 class MigrationCancelled(MigrationFailed):
@@ -397,6 +401,8 @@ class _Migration:
 
     def _call_and_monitor(self, params: dict, flags: int, watch: pol.Watch) -> Exception | None:
         outcome: dict = {}
+        resuming = bool(flags & libvirt.VIR_MIGRATE_POSTCOPY_RESUME)
+        moved, moved_at = None, time.monotonic()
 
         def call() -> None:
             try:
@@ -408,11 +414,35 @@ class _Migration:
         worker.start()
 
         def running() -> bool:
+            nonlocal moved, moved_at
             worker.join(self.poll_interval)
-            return worker.is_alive()
+            if not worker.is_alive() or not resuming:
+                return worker.is_alive()
+            stats = _active_job_stats(self.guest) or {}
+            now = (stats.get("data_total"), stats.get("data_remaining"))
+            if now != moved:
+                moved, moved_at = now, time.monotonic()
+            elif time.monotonic() - moved_at > RESUME_STALL_S:
+                outcome["error"] = self._give_up_resume(worker)
+                return False
+            return True
 
         self._monitor(running, watch)
         return outcome.get("error")
+
+    def _give_up_resume(self, worker: threading.Thread) -> Exception:
+        """A resume that moved nothing for RESUME_STALL_S: pause the source's side again (its
+        call then returns), so the VM is as it was before the try, and the lock is free for the
+        next. A call libvirt still does not return is left behind, in its daemon thread."""
+        self._event(f"the post-copy resume moved nothing in {RESUME_STALL_S:.0f} s: giving it up")
+        try:
+            self.guest.pause_postcopy()
+        except VmmgrError as err:
+            self._event(f"could not pause the source's post-copy: {_words(err)}")
+        worker.join(15)
+        if worker.is_alive():
+            self._event("libvirt's resume call did not return: left behind")
+        return MigrationFailed(f"the post-copy resume moved no data in {RESUME_STALL_S:.0f} s")
 
     def adopt(self) -> str | None:
         """Steer a migration job an earlier run left running in libvirt (its monitor died with

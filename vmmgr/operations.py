@@ -265,7 +265,8 @@ def add_host(fleet: Fleet, report: Report, record: dict) -> dict:
 # The task API's operations by name: a task runs `OPERATIONS[name](fleet, run, **kwargs)`, and so
 # does the CLI in its own process.
 OPERATIONS = {f.__name__: f for f in (create, migrate, cancel, suspend, resume, destroy,
-                                      drain_host, reclaim_host, enable_host, add_host)}
+                                      drain_host, reclaim_host, enable_host, add_host,
+                                      resume_postcopy)}
 
 
 def recover(fleet: Fleet, report: Report, vm: str) -> str | None:

@@ -16,8 +16,10 @@ from .fleet import Fleet
 from .guest import read_each
 
 
-def reconcile(fleet: Fleet, report) -> dict:
-    recovered = recover_cut_short(fleet, report) + resume_postcopies(fleet, report)
+def reconcile(fleet: Fleet, report, start=None) -> dict:
+    """One pass. `start(vm, source)`, when given, starts a post-copy recovery elsewhere (the
+    task API queues it as the VM's own task); without it the pass runs each one itself."""
+    recovered = recover_cut_short(fleet, report) + resume_postcopies(fleet, report, start)
     resumed = reclaim.resume_parked(fleet, report)
     rows = fleet.refresh_view()  # what libvirt and the storage say now (one pass over hosts)
     repaired = repair_records(fleet, report, rows)
@@ -30,18 +32,24 @@ def reconcile(fleet: Fleet, report) -> dict:
             "rerouted": rerouted}
 
 
-def resume_postcopies(fleet: Fleet, report) -> list[str]:
+def resume_postcopies(fleet: Fleet, report, start=None) -> list[str]:
     """Resume every migration a broken post-copy left paused on both hosts: each pass tries
-    once more, so the VM runs again as soon as the link is back."""
+    once more, so the VM runs again as soon as the link is back. Returns those resumed here
+    (or, with `start`, those started)."""
     done = []
     for vm, rec in fleet.state.vms().items():
         if rec.get("state") != "postcopy-paused" or fleet.state.holder("vm", vm):
             continue
         try:
-            operations.resume_postcopy(fleet, report, vm)
+            if start is not None:
+                start(vm, rec["source"])
+            else:
+                operations.resume_postcopy(fleet, report, vm)
             done.append(vm)
         except VmmgrError:
-            pass  # said in the event log; the next pass tries again
+            pass  # said in the event log (or busy: started meanwhile); the next pass tries again
+        except Exception as err:  # the broker is away: the next pass starts it
+            report.event(f"{vm}: post-copy recovery not started: {err}", vm=vm, kind="error")
     return done
 
 

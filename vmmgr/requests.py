@@ -76,6 +76,12 @@ def resume(fleet: Fleet, vm: str, host: str | None = None) -> Request:
     return Request("resume", {"vm": vm, "host": host}, host, ("vm", vm, f"resume of {vm}"))
 
 
+def resume_postcopy(vm: str, source: str) -> Request:
+    """The reconcile's request to resume a migration left paused in post-copy: its own task on
+    the source's worker, so one recovery that hangs in libvirt never holds up the fleet's."""
+    return Request("resume_postcopy", {"vm": vm}, source, ("vm", vm, f"post-copy recovery of {vm}"))
+
+
 def destroy(fleet: Fleet, vm: str) -> Request:
     admission.known_vm(fleet, vm)
     return Request("destroy", {"vm": vm}, None, ("vm", vm, f"destroy of {vm}"))

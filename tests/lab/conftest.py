@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from vmmgr import console, workloads
+from vmmgr.errors import Conflict
 from vmmgr.fleet import Fleet
 from vmmgr.images import ensure_builtin
 from vmmgr.lab import Lab
@@ -32,6 +33,11 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"report_{report.when}", report)
+    if report.failed and "/tests/lab/" in str(item.fspath) and os.environ.get("VMMGR_HOME"):
+        # What the workers were doing, for a failure seen only in CI (the lab is gone after).
+        for log in sorted((default_paths().lab / "nodes").glob("*/worker.log")):
+            tail = log.read_text(errors="replace").splitlines()[-25:]
+            report.sections.append((f"{log.parent.name} worker log (tail)", "\n".join(tail)))
 
 
 TEST_HOME = "/var/lib/vmmgr-test"  # the suite's own home: never a real fleet's, nor the lab's
@@ -81,8 +87,27 @@ def make_vm(fleet, paths):
 
     yield make
     for name in made:
-        if fleet.find(name):
-            fleet.destroy(name)
+        destroy_even_if_stuck(fleet, name)
+
+
+def destroy_even_if_stuck(fleet, name, wait_s: float = 120) -> None:
+    """Destroy a test's VM. One an operation still holds (a hung libvirt call) is destroyed
+    all the same once `wait_s` has passed, its lock broken, and the teardown fails: the tests
+    after it get a clean lab instead of failing on what this one left."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if fleet.find(name) or fleet.is_suspended(name):
+                fleet.destroy(name)
+            return
+        except Conflict as err:
+            if time.monotonic() > deadline:
+                held = fleet.state.holder("vm", name)
+                if held:
+                    fleet.state.release("vm", name, held.split()[0])
+                fleet.destroy(name)
+                raise AssertionError(f"{name} was still held after {wait_s:.0f} s: {err}")
+            time.sleep(2)
 
 
 def cli(*args, check_code=None) -> subprocess.CompletedProcess:
