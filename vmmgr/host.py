@@ -2,6 +2,7 @@
 
 import itertools
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,7 @@ import libvirt
 
 from . import devices
 from .devices import Device
-from .errors import NotFound
+from .errors import HostUnreachable, NotFound
 from .guest import Guest, read_each
 from .inventory import HostRecord
 from .libvirt_errors import translated
@@ -19,6 +20,39 @@ from .libvirt_events import ensure_loop
 
 # virsh's own keepalive: a peer silent for 5 s x 6 closes the connection and fails its calls.
 KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 5, 6
+# libvirt's open has no timeout of its own: a wedged libvirtd (it accepts, answers nothing) would
+# hold whoever connects for ever, the reconcile's pass over every host included.
+CONNECT_TIMEOUT_S = 30.0
+
+
+def _open(uri: str, what: str) -> libvirt.virConnect:
+    """libvirt.open, given up after CONNECT_TIMEOUT_S (HostUnreachable); an open that completes
+    after that is closed by the thread left waiting on it."""
+    box: dict = {}
+    lock = threading.Lock()
+
+    def run() -> None:
+        try:
+            conn = libvirt.open(uri)
+        except libvirt.libvirtError as err:
+            box["error"] = err
+            return
+        with lock:
+            if box.get("abandoned"):
+                conn.close()
+            else:
+                box["conn"] = conn
+
+    opener = threading.Thread(target=run, name=f"connect {uri}", daemon=True)
+    opener.start()
+    opener.join(CONNECT_TIMEOUT_S)
+    with lock:
+        if "conn" in box:
+            return box["conn"]
+        if "error" in box:
+            raise box["error"]
+        box["abandoned"] = True
+    raise HostUnreachable(f"cannot connect to {what}: no answer in {CONNECT_TIMEOUT_S:.0f} s")
 
 
 @dataclass(frozen=True)
@@ -50,6 +84,7 @@ class Host:
         self._listener_ids = itertools.count()
         self._lifecycle_cb: int | None = None
         self._listen_lock = threading.Lock()
+        self._silent_until = 0.0  # an open timed out: the same answer until then, at once
 
     def __repr__(self) -> str:
         return f"<Host {self.name} {self.uri}>"
@@ -72,8 +107,16 @@ class Host:
             self.close()  # its libvirtd restarted: a long-lived process opens a new connection
         if self._conn is None:
             ensure_loop()  # before the connection opens, or it delivers no events
-            with translated(f"connect to host {self.name} ({self.uri})"):
-                self._conn = libvirt.open(self.uri)
+            if time.monotonic() < self._silent_until:
+                raise HostUnreachable(f"host {self.name} ({self.uri}) did not answer "
+                                      f"a connection {CONNECT_TIMEOUT_S:.0f} s ago")
+            try:
+                with translated(f"connect to host {self.name} ({self.uri})"):
+                    self._conn = _open(self.uri, f"host {self.name} ({self.uri})")
+            except HostUnreachable:
+                # one wait per pass over the hosts, not one per call on this host
+                self._silent_until = time.monotonic() + CONNECT_TIMEOUT_S
+                raise
             try:  # as virsh does: a peer that stops answering fails the call, not hangs it
                 self._conn.setKeepAlive(KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT)
             except libvirt.libvirtError:

@@ -365,6 +365,20 @@ class Lab:
             shutil.copytree(self._caps_cache(), d / "cache" / CAPS, dirs_exist_ok=True)
         self._spawn_libvirtd(h)
 
+    @contextmanager
+    def libvirtd_frozen(self, name: str):
+        """The host's libvirtd stopped (SIGSTOP) for the block: a daemon that accepts
+        connections and answers nothing, as a wedged one does. Its QEMUs run on."""
+        h = next(h for h in self.running_hosts(include_broken=True) if h.name == name)
+        pid = self._libvirtd_pid(h)
+        if pid is None:
+            raise VmmgrError(f"{name}: libvirtd is not running")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
     def restart_libvirtd(self, name: str) -> None:
         """Kill the host's libvirtd (if it runs) and start it again, its VMs' QEMUs running on:
         a daemon crash and its restart by systemd on a real host, which `up` (rebuilding a

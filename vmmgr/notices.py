@@ -14,6 +14,7 @@ Parsing is pure (tested on made-up documents); each notice is acted on once per 
 watcher sees it, and recorded in the event log, the audit trail and the metrics.
 """
 
+import hashlib
 import json
 import math
 import os
@@ -96,8 +97,48 @@ def _instant(value) -> float:
     return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
 
 
+class FirstSeen:
+    """When a notice that carries no time of its own (GCE's flag, a relative document) was
+    first seen. In this process by default; `in_store` keeps it in the fleet's store, so a
+    watcher restarted mid-notice keeps the deadline it had rather than granting itself more."""
+
+    def __init__(self, r=None, host: str = ""):
+        self.r, self.host, self.local = r, host, {}
+
+    def first_seen(self, kind: str, what: str) -> float:
+        digest = hashlib.sha256(what.encode()).hexdigest()[:16]
+        now = time.time()
+        if self.r is not None:
+            key = f"vmmgr:notice-seen:{self.host}:{kind}"
+            try:  # one value per kind: a different document replaces the one before
+                self.r.set(key, f"{digest} {now}", nx=True, ex=SEEN_FOR)
+                held, at = self.r.get(key).split()
+                if held == digest:
+                    return float(at)
+                self.r.set(key, f"{digest} {now}", ex=SEEN_FOR)
+                return now
+            except Exception:  # noqa: BLE001 - the store is away: this process's memory
+                pass
+        held, at = self.local.get(kind, (None, now))
+        if held != digest:
+            self.local[kind] = (digest, now)
+            return now
+        return at
+
+    def forget(self, kind: str) -> None:
+        self.local.pop(kind, None)
+        if self.r is not None:
+            try:
+                self.r.delete(f"vmmgr:notice-seen:{self.host}:{kind}")
+            except Exception:  # noqa: BLE001 - forgotten when it expires
+                pass
+
+
 class Source:
     name = ""
+
+    def __init__(self):
+        self.memory = FirstSeen()  # the watcher hands it the fleet's store
 
     def poll(self) -> Notice | None:
         raise NotImplementedError
@@ -107,6 +148,7 @@ class FileSource(Source):
     name = "file"
 
     def __init__(self, path: str):
+        super().__init__()
         self.path = path
 
     def poll(self) -> Notice | None:
@@ -122,37 +164,41 @@ class HttpSource(Source):
     name = "http"
 
     def __init__(self, url: str):
+        super().__init__()
         self.url = url
-        self.first_seen: dict[str, float] = {}
 
     def poll(self) -> Notice | None:
         status, body = _get(self.url)
-        if status != 200:
+        if status != 200 or not body.strip():
+            self.memory.forget("http")  # gone: the same document served later is a new notice
             return None
-        # the document's "deadline_s" counts from when this watcher first saw it
-        seen = self.first_seen.setdefault(body, time.time())
-        return parse_document(body, "http", seen)
+        # the document's "deadline_s" counts from when a watcher of this host first saw it
+        return parse_document(body, "http", self.memory.first_seen("http", body))
 
 
 class GceSource(Source):
     name = "gce"
 
     def __init__(self, base: str = GCE_METADATA):
-        self.base, self.first_seen = base, None
+        super().__init__()
+        self.base = base
 
     def poll(self) -> Notice | None:
         status, body = _get(f"{self.base}/instance/preempted",
                             {"Metadata-Flavor": "Google"})
-        if status != 200 or body.strip().upper() != "TRUE":
+        if status != 200:
+            return None  # the metadata server does not answer: nothing known, nothing forgotten
+        if body.strip().upper() != "TRUE":
+            self.memory.forget("gce")  # not (or no longer) preempted: the next one is new
             return None
-        self.first_seen = self.first_seen or time.time()
-        return parse_gce(body, self.first_seen)
+        return parse_gce(body, self.memory.first_seen("gce", "preempted"))
 
 
 class AwsSource(Source):
     name = "aws"
 
     def __init__(self, base: str = AWS_METADATA):
+        super().__init__()
         self.base = base
 
     def poll(self) -> Notice | None:

@@ -273,7 +273,7 @@ def test_site_yml_sets_up_a_host_and_an_edge_and_a_second_run_changes_nothing(tr
     assert "--address=127.0.0.1" in flower_unit, flower_unit  # loopback only, as in the lab
     notice_unit = (host / "etc/systemd/system/vmmgr-notice.service").read_text()
     # the same watcher and source the lab runs: a file in the host's home
-    assert "notice watch --host host1 --source file:/var/lib/vmmgr/notice.json" in notice_unit
+    assert 'notice watch --host host1 --source "file:/var/lib/vmmgr/notice.json"' in notice_unit
     assert proc.returncode == 0, proc.stderr
 
     second = _play(inventory)

@@ -3,6 +3,7 @@ a local stand-in for their metadata servers (real HTTP, the clouds' paths and he
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -77,8 +78,31 @@ def test_the_gce_source_sees_preemption_with_thirty_seconds(metadata):
     assert src.poll() is None
     Metadata.preempted = "TRUE"
     first = src.poll()
-    assert first.source == "gce" and 29 < first.deadline_at - src.first_seen <= 30
+    assert first.source == "gce" and 29 < first.deadline_at - time.time() <= 30
     assert src.poll() == first  # the same notice on every poll: acted on once
+    Metadata.preempted = "FALSE"  # the host came back; its next preemption is a new notice
+    assert src.poll() is None
+    Metadata.preempted = "TRUE"
+    time.sleep(0.01)
+    assert src.poll().deadline_at > first.deadline_at
+
+
+def test_a_restarted_watcher_keeps_the_deadline_it_had(metadata, redis_url):
+    """GCE's flag carries no time: the 30 s count from when a watcher of this host first saw
+    it, kept in the store, so a watcher restarted mid-notice does not grant itself 30 s more."""
+    import redis
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    Metadata.preempted = "TRUE"
+    before = notices.source(f"gce={metadata}/computeMetadata/v1")
+    before.memory = notices.FirstSeen(r, "h1")
+    first = before.poll()
+    time.sleep(0.05)
+    after = notices.source(f"gce={metadata}/computeMetadata/v1")
+    after.memory = notices.FirstSeen(r, "h1")
+    assert after.poll() == first
+    other = notices.source(f"gce={metadata}/computeMetadata/v1")
+    other.memory = notices.FirstSeen(r, "h2")  # another host's preemption is its own
+    assert other.poll().deadline_at > first.deadline_at
 
 
 def test_the_aws_source_asks_for_a_token_then_the_instance_action(metadata):

@@ -1,0 +1,35 @@
+"""A libvirtd that accepts connections and answers nothing (wedged, or stopped) fails a connect
+after CONNECT_TIMEOUT_S instead of holding the caller for ever: the real libvirt client against
+a socket that never speaks."""
+
+import socket
+import time
+
+import pytest
+
+from vmmgr import host as host_mod
+from vmmgr.errors import HostUnreachable
+
+
+def test_a_silent_libvirtd_is_unreachable_not_a_hang(monkeypatch):
+    monkeypatch.setattr(host_mod, "CONNECT_TIMEOUT_S", 1.0)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)  # the kernel accepts; nobody reads or answers
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(HostUnreachable, match="no answer in 1 s"):
+            host_mod._open(f"qemu+tcp://127.0.0.1:{silent.getsockname()[1]}/system", "host x")
+        assert time.monotonic() - t0 < 5
+    finally:
+        silent.close()
+
+
+def test_a_refused_connection_is_libvirts_own_error(monkeypatch):
+    import libvirt
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()  # nothing listens there now
+    with pytest.raises(libvirt.libvirtError):
+        host_mod._open(f"qemu+tcp://127.0.0.1:{port}/system", "host x")
