@@ -23,7 +23,7 @@ QUEUED_LOCK_TTL = 600  # a queued task keeps its lock this long before a worker 
 
 
 def submit(paths: Paths, op: str, kwargs: dict, queue: str, lock: LockSpec | None,
-           actor: dict | None = None) -> str:
+           actor: dict | None = None, expires: float | None = None) -> str:
     """Queue the operation; recorded in the audit trail as `actor`'s request (the CLI's OS user
     and host unless the console says who)."""
     fleet_state = FleetState(paths.redis_url())
@@ -37,7 +37,8 @@ def submit(paths: Paths, op: str, kwargs: dict, queue: str, lock: LockSpec | Non
                          f"refused: {err}")
             raise
     try:
-        app.send_task(f"vmmgr.{op}", kwargs=kwargs, task_id=task_id, queue=queue)
+        app.send_task(f"vmmgr.{op}", kwargs=kwargs, task_id=task_id, queue=queue,
+                      expires=expires)
     except Exception:
         if lock:
             fleet_state.release(lock.kind, lock.name, task_id)

@@ -13,8 +13,8 @@ from vmmgr.inventory import HostRecord
 from vmmgr.locks import Lease
 from vmmgr.paths import default_paths
 
-from .app import app, host_queue
-from .client import submit
+from .app import CONTROL_QUEUE, app
+from .client import QUEUED_LOCK_TTL, submit
 from .runtime import LockSpec, Run, run_once, state
 
 
@@ -93,10 +93,13 @@ def add_host(self, record: dict) -> dict:
 def _submitter(fleet: Fleet):
     """How the reconcile starts a VM's own recovery: queued as its own task, its lock taken
     before it is queued (so the next pass sees it held and does not queue it twice)."""
-    def start(vm: str, source: str) -> None:
-        req = requests.resume_postcopy(vm, source)
-        submit(fleet.paths, req.op, req.kwargs, host_queue(req.host), LockSpec(*req.lock),
-               actor={"who": "reconcile", "via": "beat", "client": "-"})
+    def start(vm: str) -> None:
+        req = requests.resume_postcopy(vm)
+        # A message no worker took up in time is dropped with its lock's expiry: the next
+        # pass queues a fresh one, not a pile of stale ones.
+        submit(fleet.paths, req.op, req.kwargs, CONTROL_QUEUE, LockSpec(*req.lock),
+               actor={"who": "reconcile", "via": "beat", "client": "-"},
+               expires=QUEUED_LOCK_TTL)
     return start
 
 

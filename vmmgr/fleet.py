@@ -276,8 +276,11 @@ class Fleet:
                 raise NotFound(f"unknown VM {vm!r}")
             lease.check()
             for copy in self.find_all(vm):  # two while a broken post-copy waits paused
-                copy.destroy()
-                copy.undefine()
+                try:
+                    copy.destroy()
+                    copy.undefine()
+                except NotFound:
+                    pass  # libvirt removed that copy with the other (an incoming one)
             edge = Edge.load(self.paths, self.state)
             address = pool_for(self.paths).address_of(vm) if pool_for(self.paths) else None
             if edge is not None and address:

@@ -2,7 +2,6 @@
 
 import itertools
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,28 +24,41 @@ KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 5, 6
 CONNECT_TIMEOUT_S = 30.0
 
 
+_opening: dict[str, threading.Thread] = {}  # uri -> an open still waiting for its answer
+_opening_lock = threading.Lock()
+
+
 def _open(uri: str, what: str) -> libvirt.virConnect:
-    """libvirt.open, given up after CONNECT_TIMEOUT_S (HostUnreachable); an open that completes
-    after that is closed by the thread left waiting on it."""
+    """libvirt.open, given up after CONNECT_TIMEOUT_S (HostUnreachable). While an open given up
+    on still waits, the next one to that URI is refused at once: one thread and one socket per
+    silent daemon, not one per caller. An open that completes late is closed."""
     box: dict = {}
-    lock = threading.Lock()
 
     def run() -> None:
         try:
             conn = libvirt.open(uri)
         except libvirt.libvirtError as err:
-            box["error"] = err
-            return
-        with lock:
-            if box.get("abandoned"):
+            conn, box["error"] = None, err
+        except Exception as err:  # noqa: BLE001 - handed to the caller, as libvirt's are
+            conn, box["error"] = None, err
+        with _opening_lock:
+            if _opening.get(uri) is threading.current_thread():
+                del _opening[uri]
+            if conn is not None and box.get("abandoned"):
                 conn.close()
-            else:
+            elif conn is not None:
                 box["conn"] = conn
 
-    opener = threading.Thread(target=run, name=f"connect {uri}", daemon=True)
+    with _opening_lock:
+        pending = _opening.get(uri)
+        if pending is not None and pending.is_alive():
+            raise HostUnreachable(f"cannot connect to {what}: an earlier connection has had "
+                                  f"no answer for {CONNECT_TIMEOUT_S:.0f} s or more")
+        opener = threading.Thread(target=run, name=f"connect {uri}", daemon=True)
+        _opening[uri] = opener
     opener.start()
     opener.join(CONNECT_TIMEOUT_S)
-    with lock:
+    with _opening_lock:
         if "conn" in box:
             return box["conn"]
         if "error" in box:
@@ -84,7 +96,6 @@ class Host:
         self._listener_ids = itertools.count()
         self._lifecycle_cb: int | None = None
         self._listen_lock = threading.Lock()
-        self._silent_until = 0.0  # an open timed out: the same answer until then, at once
 
     def __repr__(self) -> str:
         return f"<Host {self.name} {self.uri}>"
@@ -107,16 +118,8 @@ class Host:
             self.close()  # its libvirtd restarted: a long-lived process opens a new connection
         if self._conn is None:
             ensure_loop()  # before the connection opens, or it delivers no events
-            if time.monotonic() < self._silent_until:
-                raise HostUnreachable(f"host {self.name} ({self.uri}) did not answer "
-                                      f"a connection {CONNECT_TIMEOUT_S:.0f} s ago")
-            try:
-                with translated(f"connect to host {self.name} ({self.uri})"):
-                    self._conn = _open(self.uri, f"host {self.name} ({self.uri})")
-            except HostUnreachable:
-                # one wait per pass over the hosts, not one per call on this host
-                self._silent_until = time.monotonic() + CONNECT_TIMEOUT_S
-                raise
+            with translated(f"connect to host {self.name} ({self.uri})"):
+                self._conn = _open(self.uri, f"host {self.name} ({self.uri})")
             try:  # as virsh does: a peer that stops answering fails the call, not hangs it
                 self._conn.setKeepAlive(KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT)
             except libvirt.libvirtError:

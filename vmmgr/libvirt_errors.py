@@ -31,7 +31,10 @@ def translate(err: libvirt.libvirtError, what: str) -> VmmgrError:
     elif code in _code_names(_CONFLICT):
         kind = Conflict
     elif code in _code_names(_UNREACHABLE) or (
-        code == libvirt.VIR_ERR_SYSTEM_ERROR and err.get_error_domain() == libvirt.VIR_FROM_RPC
+        # a socket error, or the keepalive giving up on a silent peer ("connection closed due
+        # to keepalive timeout", then "client socket is closed"): both internal errors of RPC
+        code in (libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_ERR_INTERNAL_ERROR)
+        and err.get_error_domain() == libvirt.VIR_FROM_RPC
     ):
         kind = HostUnreachable
     else:

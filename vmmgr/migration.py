@@ -423,26 +423,29 @@ class _Migration:
             if now != moved:
                 moved, moved_at = now, time.monotonic()
             elif time.monotonic() - moved_at > RESUME_STALL_S:
-                outcome["error"] = self._give_up_resume(worker)
+                self._give_up_resume(worker, outcome)
                 return False
             return True
 
         self._monitor(running, watch)
         return outcome.get("error")
 
-    def _give_up_resume(self, worker: threading.Thread) -> Exception:
+    def _give_up_resume(self, worker: threading.Thread, outcome: dict) -> None:
         """A resume that moved nothing for RESUME_STALL_S: pause the source's side again (its
-        call then returns), so the VM is as it was before the try, and the lock is free for the
-        next. A call libvirt still does not return is left behind, in its daemon thread."""
+        call then returns with its own error), so the VM is as it was before the try, and the
+        lock is free for the next. A call libvirt still does not return is left behind, in its
+        daemon thread, and the attempt fails."""
         self._event(f"the post-copy resume moved nothing in {RESUME_STALL_S:.0f} s: giving it up")
         try:
             self.guest.pause_postcopy()
         except VmmgrError as err:
             self._event(f"could not pause the source's post-copy: {_words(err)}")
         worker.join(15)
-        if worker.is_alive():
-            self._event("libvirt's resume call did not return: left behind")
-        return MigrationFailed(f"the post-copy resume moved no data in {RESUME_STALL_S:.0f} s")
+        if not worker.is_alive():
+            return  # it ended meanwhile (even with success): its own outcome stands
+        self._event("libvirt's resume call did not return: left behind")
+        outcome["error"] = MigrationFailed(
+            f"the post-copy resume moved no data in {RESUME_STALL_S:.0f} s")
 
     def adopt(self) -> str | None:
         """Steer a migration job an earlier run left running in libvirt (its monitor died with

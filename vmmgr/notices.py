@@ -114,6 +114,7 @@ class FirstSeen:
                 self.r.set(key, f"{digest} {now}", nx=True, ex=SEEN_FOR)
                 held, at = self.r.get(key).split()
                 if held == digest:
+                    self.r.expire(key, SEEN_FOR)  # kept while the notice is still there
                     return float(at)
                 self.r.set(key, f"{digest} {now}", ex=SEEN_FOR)
                 return now
@@ -169,9 +170,11 @@ class HttpSource(Source):
 
     def poll(self) -> Notice | None:
         status, body = _get(self.url)
-        if status != 200 or not body.strip():
+        if status == 404 or status == 200 and not body.strip():
             self.memory.forget("http")  # gone: the same document served later is a new notice
             return None
+        if status != 200:
+            return None  # the server does not answer: nothing known, nothing forgotten
         # the document's "deadline_s" counts from when a watcher of this host first saw it
         return parse_document(body, "http", self.memory.first_seen("http", body))
 

@@ -147,18 +147,40 @@ def resume_postcopy(fleet: Fleet, report: Report, vm: str) -> dict:
         try:
             result = migration.resume_postcopy(fleet, vm, rec["source"], rec["target"], chosen,
                                                on_progress=report.progress)
-        except PostcopyPaused as err:
-            report.event(f"{vm}: post-copy still cannot resume: {err}", vm=vm, kind="error")
-            raise
-        except VmmgrError as err:  # e.g. no longer paused in post-copy: record what libvirt says
-            report.event(f"{vm}: post-copy recovery: {err}", vm=vm, kind="error")
-            record_truth(fleet, vm)
+        except VmmgrError as err:
+            still_split = isinstance(err, PostcopyPaused) or _in_postcopy(fleet, vm, rec)
+            report.event(f"{vm}: post-copy {'still cannot resume' if still_split else 'recovery'}"
+                         f": {err}", vm=vm, kind="error")
+            if still_split:  # the next try waits longer each time (a link down for hours)
+                tries = int(rec.get("recovery_tries") or 0) + 1
+                stored(lambda: fleet.state.set_vm(
+                    vm, recovery_tries=tries, recovery_at=time.time() + recovery_backoff(tries)))
+            else:  # no longer paused in post-copy: record what libvirt says
+                record_truth(fleet, vm)
             raise
         stored(lambda: fleet.state.record("migrated", vm, result.as_dict()
                                           | {"ended_at": time.time(), "started_at": started}))
         stored(lambda: report.event(f"{vm}: post-copy resumed: {result.source} -> "
                                     f"{result.target}", vm=vm, host=result.target))
         return result.as_dict()
+
+
+def recovery_backoff(tries: int) -> float:
+    """Seconds before the next try at resuming a post-copy after `tries` failed ones."""
+    return min(10.0 * 2 ** (tries - 1), 300.0)
+
+
+def _in_postcopy(fleet: Fleet, vm: str, rec: dict) -> bool:
+    """Whether either side still holds the VM in post-copy (a resume given up on may still be
+    settling in libvirt): its record must keep saying so, or nothing would resume it."""
+    for host in (rec["source"], rec["target"]):
+        try:
+            guest = fleet.host(host).find_guest(vm)
+            if guest is not None and guest.postcopy_phase() is not None:
+                return True
+        except VmmgrError:
+            return True  # a side that does not answer may hold it so
+    return False
 
 
 def cancel(fleet: Fleet, report: Report, vm: str) -> dict:

@@ -6,6 +6,7 @@ says (and says so in the event log), points the edge at the host that holds each
 refreshes the host snapshot. Nothing a moving VM depends on is touched while it moves.
 """
 
+import time
 from dataclasses import asdict
 
 from . import metrics, operations, reclaim, suspend as suspension
@@ -17,9 +18,12 @@ from .guest import read_each
 
 
 def reconcile(fleet: Fleet, report, start=None) -> dict:
-    """One pass. `start(vm, source)`, when given, starts a post-copy recovery elsewhere (the
+    """One pass. `start(vm)`, when given, starts a post-copy recovery elsewhere (the
     task API queues it as the VM's own task); without it the pass runs each one itself."""
-    recovered = recover_cut_short(fleet, report) + resume_postcopies(fleet, report, start)
+    recovered = recover_cut_short(fleet, report)
+    postcopies = resume_postcopies(fleet, report, start)
+    if start is None:
+        recovered += postcopies
     resumed = reclaim.resume_parked(fleet, report)
     rows = fleet.refresh_view()  # what libvirt and the storage say now (one pass over hosts)
     repaired = repair_records(fleet, report, rows)
@@ -29,7 +33,7 @@ def reconcile(fleet: Fleet, report, start=None) -> dict:
     metrics.count(fleet.state.r, "reconcile_repairs", by=len(repaired) + len(rerouted))
     metrics.count(fleet.state.r, "reconcile_recoveries", by=len(recovered))
     return {"recovered": recovered, "resumed": resumed, "repaired": repaired,
-            "rerouted": rerouted}
+            "rerouted": rerouted, "recoveries_started": postcopies if start else []}
 
 
 def resume_postcopies(fleet: Fleet, report, start=None) -> list[str]:
@@ -38,11 +42,12 @@ def resume_postcopies(fleet: Fleet, report, start=None) -> list[str]:
     (or, with `start`, those started)."""
     done = []
     for vm, rec in fleet.state.vms().items():
-        if rec.get("state") != "postcopy-paused" or fleet.state.holder("vm", vm):
-            continue
+        if (rec.get("state") != "postcopy-paused" or fleet.state.holder("vm", vm)
+                or float(rec.get("recovery_at") or 0) > time.time()):
+            continue  # being recovered, or its last try failed and the next waits its turn
         try:
             if start is not None:
-                start(vm, rec["source"])
+                start(vm)
             else:
                 operations.resume_postcopy(fleet, report, vm)
             done.append(vm)

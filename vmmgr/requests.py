@@ -76,10 +76,11 @@ def resume(fleet: Fleet, vm: str, host: str | None = None) -> Request:
     return Request("resume", {"vm": vm, "host": host}, host, ("vm", vm, f"resume of {vm}"))
 
 
-def resume_postcopy(vm: str, source: str) -> Request:
-    """The reconcile's request to resume a migration left paused in post-copy: its own task on
-    the source's worker, so one recovery that hangs in libvirt never holds up the fleet's."""
-    return Request("resume_postcopy", {"vm": vm}, source, ("vm", vm, f"post-copy recovery of {vm}"))
+def resume_postcopy(vm: str) -> Request:
+    """The reconcile's request to resume a migration left paused in post-copy: its own task, so
+    one recovery that hangs in libvirt never holds up the fleet's. Any worker runs it (it drives
+    both hosts' libvirtd remotely): the source's own may be down with its host."""
+    return Request("resume_postcopy", {"vm": vm}, None, ("vm", vm, f"post-copy recovery of {vm}"))
 
 
 def destroy(fleet: Fleet, vm: str) -> Request:

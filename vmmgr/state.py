@@ -214,7 +214,8 @@ class FleetState:
             self.add_migration(vm, {"status": "postcopy-paused", **details})
             self.set_vm(vm, state="postcopy-paused", host=details["target"],
                         source=details["source"], target=details["target"],
-                        policy=details["policy"], bandwidth=details.get("bandwidth", 0))
+                        policy=details["policy"], bandwidth=details.get("bandwidth", 0),
+                        recovery_tries=0, recovery_at=0)
         elif kind == "suspending":
             self.set_vm(vm, state="suspending")
         elif kind == "suspended":

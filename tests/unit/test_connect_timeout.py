@@ -18,9 +18,15 @@ def test_a_silent_libvirtd_is_unreachable_not_a_hang(monkeypatch):
     silent.listen(4)  # the kernel accepts; nobody reads or answers
     try:
         t0 = time.monotonic()
+        uri = f"qemu+tcp://127.0.0.1:{silent.getsockname()[1]}/system"
         with pytest.raises(HostUnreachable, match="no answer in 1 s"):
-            host_mod._open(f"qemu+tcp://127.0.0.1:{silent.getsockname()[1]}/system", "host x")
+            host_mod._open(uri, "host x")
         assert time.monotonic() - t0 < 5
+        # while that open still waits, the next caller is told at once: one thread per daemon
+        t1 = time.monotonic()
+        with pytest.raises(HostUnreachable, match="an earlier connection has had no answer"):
+            host_mod._open(uri, "host x")
+        assert time.monotonic() - t1 < 0.5
     finally:
         silent.close()
 

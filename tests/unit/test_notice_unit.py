@@ -18,13 +18,13 @@ def _unit(source: str) -> str:
 
 def _exec_start(unit: str) -> list[str]:
     [line] = [row for row in unit.splitlines() if row.startswith("ExecStart=")]
-    # systemd: %% is one %, then C-style quoting, which shlex matches for \\ and \"
-    return shlex.split(line.removeprefix("ExecStart=").replace("%%", "%"))
+    # systemd: %% is one %, $$ one $, then C-style quoting, which shlex matches for \\ and \"
+    return shlex.split(line.removeprefix("ExecStart=").replace("%%", "%").replace("$$", "$"))
 
 
 def test_a_source_reaches_the_watcher_as_written():
     for source in ("file:/var/lib/vmmgr/notice.json", "gce",
-                   'http://sched.example/notice?host=a%20b&q="x"', "file:/srv/with space/n.json"):
+                   'http://sched.example/notice?host=a%20b&q="x"&$filter=${HOME}', "file:/srv/with space/n.json"):
         args = _exec_start(_unit(source))
         assert args[args.index("--source") + 1] == source, args
 

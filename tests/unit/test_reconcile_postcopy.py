@@ -25,18 +25,18 @@ class Report:
         self.events.append(message)
 
 
-def test_each_paused_vm_not_held_is_started_with_its_source(redis_url):
+def test_each_paused_vm_not_held_is_started(redis_url):
     started = []
     done = reconcile.resume_postcopies(_fleet(redis_url), Report(),
-                                       start=lambda vm, source: started.append((vm, source)))
-    assert started == [("paused", "host1")]  # "held" is being recovered; "fine" runs
+                                       start=started.append)
+    assert started == ["paused"]  # "held" is being recovered; "fine" runs
     assert done == ["paused"]
 
 
 def test_a_start_that_fails_is_said_and_the_pass_goes_on(redis_url):
     report = Report()
 
-    def start(vm, source):
+    def start(vm):
         if vm == "paused":
             raise ConnectionError("broker away")
 
@@ -47,7 +47,23 @@ def test_a_start_that_fails_is_said_and_the_pass_goes_on(redis_url):
 
 
 def test_a_busy_start_is_left_to_the_next_pass(redis_url):
-    def start(vm, source):
+    def start(vm):
         raise Conflict(f"VM {vm!r} is busy")
 
     assert reconcile.resume_postcopies(_fleet(redis_url), Report(), start=start) == []
+
+
+def test_a_failed_try_waits_its_turn(redis_url):
+    """A link down for hours: each failed try pushes the next one further out (10 s, doubling,
+    at most 5 minutes), instead of a task every pass."""
+    import time
+
+    from vmmgr.operations import recovery_backoff
+
+    fleet = _fleet(redis_url)
+    fleet.state.set_vm("paused", recovery_tries=1, recovery_at=time.time() + 30)
+    started = []
+    assert reconcile.resume_postcopies(fleet, Report(), start=started.append) == []
+    fleet.state.set_vm("paused", recovery_at=time.time() - 1)
+    assert reconcile.resume_postcopies(fleet, Report(), start=started.append) == ["paused"]
+    assert [recovery_backoff(n) for n in (1, 2, 3, 6, 20)] == [10, 20, 40, 300, 300]

@@ -15,8 +15,9 @@ class HungGuest:
     """A source whose resume call blocks until its post-copy is paused again."""
     name, host_name = "vm1", "host1"
 
-    def __init__(self, moving: bool = False):
+    def __init__(self, moving: bool = False, wedged: bool = False):
         self.released = threading.Event()
+        self.wedged = wedged  # not even a pause returns the call
         self.paused = 0
         self.moving = moving  # data moves: the resume is slow, not hung
         self.remaining = 1000
@@ -35,7 +36,8 @@ class HungGuest:
 
     def pause_postcopy(self):
         self.paused += 1
-        self.released.set()
+        if not self.wedged:
+            self.released.set()
 
 
 def _migration(guest):
@@ -54,9 +56,19 @@ def test_a_resume_that_moves_nothing_is_given_up_and_paused_again(monkeypatch):
     guest = HungGuest()
     t0 = time.monotonic()
     error = _migration(guest)._call_and_monitor({}, RESUME, pol.Watch(started=t0, postcopy=True))
-    assert isinstance(error, MigrationFailed) and "moved no data" in str(error)
+    assert isinstance(error, libvirt.libvirtError)  # the call's own answer to the pause
     assert guest.paused == 1
     assert time.monotonic() - t0 < 5
+
+
+def test_a_call_not_even_a_pause_returns_is_left_behind(monkeypatch):
+    monkeypatch.setattr(migration, "RESUME_STALL_S", 0.3)
+    guest = HungGuest(wedged=True)
+    t0 = time.monotonic()
+    error = _migration(guest)._call_and_monitor({}, RESUME, pol.Watch(started=t0, postcopy=True))
+    assert isinstance(error, MigrationFailed) and "moved no data" in str(error)
+    assert guest.paused == 1 and time.monotonic() - t0 < 20
+    guest.released.set()
 
 
 def test_a_resume_moving_data_is_left_to_finish(monkeypatch):

@@ -35,7 +35,8 @@ def notice_watch(paths: Paths, host_name: str | None, spec: str | None, interval
         raise click.UsageError("--host and --source are needed (or $VMMGR_HOST and "
                                "$VMMGR_NOTICE_SOURCE)")
     src = notices.source(spec)
-    src.memory = notices.FirstSeen(FleetState(paths.redis_url()).r, host_name)
+    url = paths.redis_url()
+    src.memory = notices.FirstSeen(FleetState(url).r if url else None, host_name)
     log_line(f"watching {spec} for notices to {host_name}")
     while True:
         try:
