@@ -140,7 +140,9 @@ class Fleet:
         raise Conflict(f"VM {vm!r} keeps changing hosts: try again")
 
     def locate(self, vm: str) -> Guest:
-        guest = self.find(vm)
+        """The VM's guest; NotFound only when every host answered (a host that does not may
+        hold it: HostUnreachable says so instead of calling the VM unknown)."""
+        guest = self.find(vm) or self.find(vm, strict=True)
         if guest is None:
             raise NotFound(f"unknown VM {vm!r}")
         return guest

@@ -24,46 +24,45 @@ KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 5, 6
 CONNECT_TIMEOUT_S = 30.0
 
 
-_opening: dict[str, threading.Thread] = {}  # uri -> an open still waiting for its answer
-_opening_lock = threading.Lock()
+_given_up: dict[str, threading.Thread] = {}  # uri -> an open a caller gave up on, still waiting
+_given_up_lock = threading.Lock()
 
 
 def _open(uri: str, what: str) -> libvirt.virConnect:
-    """libvirt.open, given up after CONNECT_TIMEOUT_S (HostUnreachable). While an open given up
-    on still waits, the next one to that URI is refused at once: one thread and one socket per
-    silent daemon, not one per caller. An open that completes late is closed."""
+    """libvirt.open, given up after CONNECT_TIMEOUT_S (HostUnreachable). Opens in flight run side
+    by side (a slow TLS handshake is no reason to refuse a second caller); but while an open
+    that was given up on still waits, the next one to that URI is refused at once: one thread and
+    one socket per silent daemon, not one per caller. An open that completes late is closed."""
     box: dict = {}
 
     def run() -> None:
         try:
             conn = libvirt.open(uri)
-        except libvirt.libvirtError as err:
+        except Exception as err:  # noqa: BLE001 - libvirt's or not, handed to the caller
             conn, box["error"] = None, err
-        except Exception as err:  # noqa: BLE001 - handed to the caller, as libvirt's are
-            conn, box["error"] = None, err
-        with _opening_lock:
-            if _opening.get(uri) is threading.current_thread():
-                del _opening[uri]
+        with _given_up_lock:
+            if _given_up.get(uri) is threading.current_thread():
+                del _given_up[uri]
             if conn is not None and box.get("abandoned"):
                 conn.close()
             elif conn is not None:
                 box["conn"] = conn
 
-    with _opening_lock:
-        pending = _opening.get(uri)
-        if pending is not None and pending.is_alive():
+    with _given_up_lock:
+        silent = _given_up.get(uri)
+        if silent is not None and silent.is_alive():
             raise HostUnreachable(f"cannot connect to {what}: an earlier connection has had "
                                   f"no answer for {CONNECT_TIMEOUT_S:.0f} s or more")
-        opener = threading.Thread(target=run, name=f"connect {uri}", daemon=True)
-        _opening[uri] = opener
+    opener = threading.Thread(target=run, name=f"connect {uri}", daemon=True)
     opener.start()
     opener.join(CONNECT_TIMEOUT_S)
-    with _opening_lock:
+    with _given_up_lock:
         if "conn" in box:
             return box["conn"]
         if "error" in box:
             raise box["error"]
         box["abandoned"] = True
+        _given_up[uri] = opener
     raise HostUnreachable(f"cannot connect to {what}: no answer in {CONNECT_TIMEOUT_S:.0f} s")
 
 

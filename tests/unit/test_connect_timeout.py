@@ -39,3 +39,32 @@ def test_a_refused_connection_is_libvirts_own_error(monkeypatch):
     free.close()  # nothing listens there now
     with pytest.raises(libvirt.libvirtError):
         host_mod._open(f"qemu+tcp://127.0.0.1:{port}/system", "host x")
+
+
+def test_opens_in_flight_run_side_by_side(monkeypatch):
+    """CI: a worker's migrate opened host1 while its own heartbeat's open was still in its TLS
+    handshake, was refused as if host1 were silent, skipped it and called the VM unknown."""
+    import threading
+
+    import libvirt
+
+    class Conn:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    def slow_open(uri):
+        time.sleep(0.5)  # a handshake under load: slow, not silent
+        return Conn()
+
+    monkeypatch.setattr(libvirt, "open", slow_open)
+    results = []
+    callers = [threading.Thread(target=lambda: results.append(host_mod._open("qemu://h/system",
+                                                                              "host h")))
+               for _ in range(3)]
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join(5)
+    assert len(results) == 3 and all(isinstance(r, Conn) and not r.closed for r in results)

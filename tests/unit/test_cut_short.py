@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from vmmgr import suspend
-from vmmgr.errors import Conflict, HostUnreachable
+from vmmgr.errors import Conflict, HostUnreachable, NotFound
 from vmmgr.fleet import Fleet
 
 PART, DONE = b"LibvirtQemudPart", b"LibvirtQemudSave"
@@ -79,7 +79,7 @@ class FakeFleet:
     def hosts(self):
         return list(self._hosts.values())
 
-    find_all = Fleet.find_all  # the real one, over the fake hosts
+    find_all, find, locate = Fleet.find_all, Fleet.find, Fleet.locate  # the real ones
 
     def route_address(self, address, host):
         self.routes.append((address, host))
@@ -225,6 +225,16 @@ def test_a_resume_cut_short_is_not_decided_while_a_host_does_not_answer(tmp_path
 def test_a_reclaimed_host_that_does_not_answer_holds_nothing(tmp_path):
     fleet = FakeFleet(tmp_path, FakeHost("h1"), FakeHost("h3", answers=False, state="reclaimed"))
     assert fleet.find_all("vm1", strict=True) == []
+
+
+def test_a_vm_is_unknown_only_when_every_host_answered(tmp_path):
+    """CI: a migrate that could not reach host1 called the VM there 'unknown'."""
+    held = FakeHost("h1", FakeGuest("vm1", "h1"))
+    assert FakeFleet(tmp_path, held, FakeHost("h2", answers=False)).locate("vm1") is held.guest
+    with pytest.raises(HostUnreachable, match="h2 does not answer; it may hold vm1"):
+        FakeFleet(tmp_path, FakeHost("h1"), FakeHost("h2", answers=False)).locate("vm1")
+    with pytest.raises(NotFound, match="unknown VM 'vm1'"):
+        FakeFleet(tmp_path, FakeHost("h1"), FakeHost("h2")).locate("vm1")
 
 
 def test_any_exception_in_libvirts_migration_call_is_a_failure_not_a_success(tmp_path, mocker):
