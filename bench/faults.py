@@ -234,6 +234,30 @@ def redis_mid_reclaim(c: Lab3, fleet: Fleet) -> None:
         "its acknowledgement was not lost"
 
 
+@fault("worker SIGKILLed mid-reclaim against a deadline")
+def worker_mid_deadline_reclaim(c: Lab3, fleet: Fleet) -> str:
+    # A notice's reclaim runs on any worker; that worker dies while the plan moves VMs. Its
+    # message comes back after the visibility timeout and the rerun plans what is left against
+    # the same instant (the deadline is a time, not a duration), waiting out the dead run's
+    # migration that libvirt carried on. Every VM must be off host1 before the deadline.
+    deadline_s, t0 = 120, time.time()
+    task = c.task_of(c.cli("host", "reclaim", "host1", "--deadline", f"{deadline_s}s",
+                           "--no-wait"))
+    wait(lambda: any(c.state.vm(v).get("state") in ("migrating", "suspending")
+                     for v in (DIRTY, COUNT)), 60, "the reclaim never started")
+    c.kill_worker_of(task)
+    c.lab.up(3)
+    wait(lambda: c.task_state(task) in ("SUCCESS", "FAILURE")
+         and not c.state.holder("host", "host1"), 300, "the reclaim did not end")
+    ended = float(c.state.task(task)["ended"]) - t0
+    runs = c.state.task(task).get("runs")
+    left = [v for v in (DIRTY, COUNT) if (g := fleet.find(v)) and g.host_name == "host1"]
+    if left or runs != "2" or ended > deadline_s:
+        raise RuntimeError(f"after {runs} run(s), ended at {ended:.0f} s of {deadline_s} s: "
+                           f"{left or 'nothing'} left on host1")
+    return f"its rerun emptied host1 {ended:.0f} s into a {deadline_s} s deadline"
+
+
 @fault("two control nodes move one VM at once")
 def conflicting_requests(c: Lab3, fleet: Fleet) -> None:
     env = os.environ | {"VMMGR_HOME": str(c.paths.home)}

@@ -8,8 +8,6 @@ import time
 import uuid
 from collections.abc import Callable
 
-from celery.result import AsyncResult
-
 from vmmgr import audit
 from vmmgr.errors import VmmgrError
 from vmmgr.migration import JobProgress
@@ -52,14 +50,16 @@ def submit(paths: Paths, op: str, kwargs: dict, queue: str, lock: LockSpec | Non
 
 
 def wait(task_id: str, on_progress: Callable[[JobProgress | None], None] = lambda p: None,
-         on_event: Callable[[str], None] = lambda m: None, poll: float = 0.25) -> dict:
+         on_event: Callable[[str], None] = lambda m: None, poll: float = 0.1) -> dict:
     """Follow a task to its end, passing on its progress and events; its result, or its error
-    raised as the same `VmmgrError` the operation raised in the worker."""
-    result = AsyncResult(task_id, app=app)
+    raised as the same `VmmgrError` the operation raised in the worker. One read of the task's
+    meta per poll: a short poll is cheap, and what the CLI waits for after the task ends is
+    half of it on average (bench/hop.py's `result` phase)."""
     seen, last = 0, None
     try:
         while True:
-            status, info = result.state, result.info
+            meta = app.backend.get_task_meta(task_id)  # exceptions come back as exceptions
+            status, info = meta["status"], meta["result"]
             if status == "PROGRESS" and isinstance(info, dict):
                 seen = _pass_on(info, seen, on_event)
                 if info.get("progress") and info["progress"] != last:
