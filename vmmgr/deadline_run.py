@@ -80,7 +80,8 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
                replanning: bool = True) -> None:
     """Each resource's moves in the plan's order, as many at once as pay; before a migration
     starts, it is re-planned on the rates measured so far and turns into a save if it would
-    now end after the deadline while a save would not. When migrations prove slower than the
+    now end after the deadline while a save would not (that save queues first for storage,
+    within its streams like the planned ones). When migrations prove slower than the
     link (a stream bound by the CPU or by latency), more run at once: as many as the link's
     total holds at the measured rate of one."""
     lock = threading.Lock()
@@ -91,9 +92,15 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
     per_target = MAX_STREAMS if replanning else max(2, rates.link_streams)
     slots = {s: threading.Semaphore(per_target) for s in {m.target for m in plan.moves if m.target}}
 
+    active = {"link": 0, "storage": 0}  # workers still taking moves from their queue
+    save_streams = max(1, min(rates.save_streams, MAX_STREAMS))
+
     def next_move(resource: str):
         with lock:
-            return queues[resource].pop(0) if queues[resource] else None
+            if queues[resource]:
+                return queues[resource].pop(0)
+            active[resource] -= 1  # this worker takes no more: a later save starts its own
+            return None
 
     def worker(resource: str) -> None:
         while (move := next_move(resource)) is not None:
@@ -101,6 +108,12 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
             if resource == "link" and replanning:
                 move = _replanned(move, c, deadline_at, replace(
                     rates, link_mibps=seen["link"]), report)
+                if move.resource == "storage":  # a save takes one of storage's streams, first
+                    with lock:
+                        queues["storage"].insert(0, move)
+                        if active["storage"] < save_streams:
+                            start("storage")
+                    continue
             started = time.monotonic()
             if resource == "link" and not replanning:
                 move = replace(move, how="migrate")
@@ -141,6 +154,7 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
     threads: list[threading.Thread] = []
 
     def start(resource: str) -> None:  # with `lock` held, or before any worker runs
+        active[resource] += 1
         t = threading.Thread(target=worker, args=(resource,),
                              name=f"reclaim-{resource}-{len(running[resource])}")
         running[resource].append(t)
