@@ -16,6 +16,13 @@ time, QEMU's time):
   qemu         QEMU's time from start to the guest running on the target
   worker post  the migration done until the task's end is recorded (routes, records, events)
   result       the task ended until the CLI exits (its poll, printing, exit)
+Both methods' hops are also cut where libvirt's lifecycle events fall on the two hosts (the
+same for either method: the part of the hop that is libvirt's and QEMU's):
+  prepare      the command started until the destination's QEMU runs (migrated in)
+  copy         until the source pauses for the switch-over
+  switch-over  until the guest resumes on the destination (the blackout as libvirt sees it)
+  confirm      until the source's QEMU has stopped
+  exit         until the command returns
 Target (issue 16): the CLI hop <= 1.1 x raw virsh (reported for the p50s and the means). Writes bench/results/hop.json, hop.md.
 """
 
@@ -28,6 +35,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import libvirt
 
 from vmmgr import console, workloads
 from vmmgr.fleet import Fleet
@@ -72,7 +81,7 @@ def main() -> int:
                     if method == "raw":
                         raw.append(raw_hop(fleet, vm, src, dst))
                     else:
-                        cli.append(cli_hop(state, env, vm, dst))
+                        cli.append(cli_hop(fleet, state, env, vm, src, dst))
                     print(f"move {i + 1:2} {method}: {src}->{dst} "
                           f"{(raw if method == 'raw' else cli)[-1]['wall_ms']} ms", flush=True)
                     time.sleep(1)
@@ -100,25 +109,63 @@ def create_counter(fleet, paths, vm, host) -> None:
                            image_root=paths.images, workload="counter"), host)
 
 
+EVENTS = {("dst", libvirt.VIR_DOMAIN_EVENT_STARTED): "started",
+          ("src", libvirt.VIR_DOMAIN_EVENT_SUSPENDED): "paused",
+          ("dst", libvirt.VIR_DOMAIN_EVENT_RESUMED): "resumed",
+          ("src", libvirt.VIR_DOMAIN_EVENT_STOPPED): "stopped"}
+LIBVIRT_PHASES = ("prepare", "copy", "switch-over", "confirm", "exit")
+
+
+class Timeline:
+    """When libvirt's lifecycle events of one hop arrive (monotonic, the first of each)."""
+
+    def __init__(self, fleet, vm, src, dst):
+        self.hosts = {"src": fleet.host(src), "dst": fleet.host(dst)}
+        self.vm, self.at, self.tokens = vm, {}, {}
+
+    def __enter__(self):
+        for side, host in self.hosts.items():
+            self.tokens[side] = host.watch_lifecycle(
+                self.vm, lambda event, detail, side=side: self.at.setdefault(
+                    EVENTS.get((side, event)), time.monotonic()))
+        return self
+
+    def __exit__(self, *exc):
+        time.sleep(0.2)  # the last events may trail the command's exit
+        for side, token in self.tokens.items():
+            self.hosts[side].unwatch(token)
+
+    def phases_ms(self, t0: float, t_exit: float) -> dict | None:
+        """The hop cut at the events; None when one did not come."""
+        marks = [t0, *(self.at.get(k) for k in ("started", "paused", "resumed", "stopped"))]
+        if None in marks:
+            return None
+        marks.append(max(t_exit, marks[-1]))
+        return {name: round((b - a) * 1000)
+                for name, a, b in zip(LIBVIRT_PHASES, marks, marks[1:])}
+
+
 def raw_hop(fleet, vm, src, dst) -> dict:
     """virsh as an operator would type it, TLS as the hosts are set up."""
     cmd = ["virsh", "-c", fleet.host(src).uri, "migrate", "--live", "--p2p", "--persistent",
            "--undefinesource", vm, peer_uri(fleet.host(dst).uri)]
     if fleet.host(dst).record.tls:
         cmd.append("--tls")
-    t0 = time.monotonic()
-    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
-    wall_ms = (time.monotonic() - t0) * 1000
+    with Timeline(fleet, vm, src, dst) as timeline:
+        t0 = time.monotonic()
+        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
+        t_exit = time.monotonic()
     stats = fleet.host(dst).find_guest(vm).job_stats(completed=True)
-    return {"wall_ms": round(wall_ms), "qemu_ms": stats.get("time_elapsed"),
-            "downtime_ms": stats.get("downtime")}
+    return {"wall_ms": round((t_exit - t0) * 1000), "qemu_ms": stats.get("time_elapsed"),
+            "downtime_ms": stats.get("downtime"), "libvirt_ms": timeline.phases_ms(t0, t_exit)}
 
 
-def cli_hop(state: FleetState, env: dict, vm: str, dst: str) -> dict:
-    t0 = time.time()
-    proc = subprocess.run([str(VMMGR), "migrate", "start", vm, "--to", dst, "--json"], env=env,
-                          capture_output=True, text=True, timeout=180)
-    t_exit = time.time()
+def cli_hop(fleet, state: FleetState, env: dict, vm: str, src: str, dst: str) -> dict:
+    with Timeline(fleet, vm, src, dst) as timeline:
+        t0, m0 = time.time(), time.monotonic()
+        proc = subprocess.run([str(VMMGR), "migrate", "start", vm, "--to", dst, "--json"],
+                              env=env, capture_output=True, text=True, timeout=180)
+        t_exit, m_exit = time.time(), time.monotonic()
     if proc.returncode != 0:
         raise SystemExit(f"vmmgr migrate failed: {proc.stderr.strip()}")
     result = json.loads(proc.stdout)
@@ -134,7 +181,8 @@ def cli_hop(state: FleetState, env: dict, vm: str, dst: str) -> dict:
         "result": t_exit - ended}
     return {"wall_ms": round((t_exit - t0) * 1000), "qemu_ms": result["total_ms"],
             "downtime_ms": result["downtime_ms"],
-            "phases_ms": {k: round(v * 1000) for k, v in phases.items()}}
+            "phases_ms": {k: round(v * 1000) for k, v in phases.items()},
+            "libvirt_ms": timeline.phases_ms(m0, m_exit)}
 
 
 def counter_contiguous(paths, vm) -> bool:
@@ -159,6 +207,10 @@ def summarize(raw, cli, contiguous, accel, moves) -> dict:
         "raw_qemu_ms_p50": p50([m["qemu_ms"] for m in raw]),
         "raw_outside_qemu_ms_p50": p50([m["wall_ms"] - m["qemu_ms"] for m in raw]),
         "cli_phases_ms_p50": {k: p50([m["phases_ms"][k] for m in cli]) for k in PHASES},
+        "libvirt_phases_ms_p50": {
+            method: {k: p50([m["libvirt_ms"][k] for m in moves if m["libvirt_ms"]])
+                     for k in LIBVIRT_PHASES}
+            for method, moves in (("raw", raw), ("cli", cli))},
         "raw": raw, "cli": cli,
     }
 
@@ -178,7 +230,11 @@ def markdown(r) -> str:
         "means (target ≤ 1.1 ×).", "",
         "The CLI hop's phases (p50 of each, so they need not sum to the wall p50):", "",
         "| " + " | ".join(PHASES) + " |", "|" + "---|" * len(PHASES),
-        "| " + " | ".join(f"{r['cli_phases_ms_p50'][k]} ms" for k in PHASES) + " |", ""]
+        "| " + " | ".join(f"{r['cli_phases_ms_p50'][k]} ms" for k in PHASES) + " |", "",
+        "Either hop cut at libvirt's lifecycle events on the two hosts (p50s):", "",
+        "| method | " + " | ".join(LIBVIRT_PHASES) + " |", "|---|" + "---|" * len(LIBVIRT_PHASES),
+        *(f"| {method} | " + " | ".join(f"{phases[k]} ms" for k in LIBVIRT_PHASES) + " |"
+          for method, phases in r["libvirt_phases_ms_p50"].items()), ""]
     return "\n".join(lines)
 
 

@@ -4,7 +4,8 @@ A host is a network namespace with its own mount and UTS namespaces and its own 
 config, state, run, log and cache directories, host UUID and hostname), reachable from the root
 namespace over TCP on an inter-host bridge. Every host also gets a guest bridge with the same
 gateway address and MAC, and sees the same storage directory at the same path (the root file
-system is shared; only libvirt's directories are bind-mounted per host).
+system is shared; only libvirt's directories are bind-mounted per host). Its libvirtd runs under
+a reaper (`lab_reaper`) that reaps the exited QEMUs at once, as a real host's systemd does.
 
 Everything the lab makes is named with the `vmmgr-` prefix, so `down` finds and removes it even
 after a crashed run that left no state behind. The unauthenticated TCP settings below exist only
@@ -18,6 +19,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -404,13 +406,14 @@ class Lab:
         script = (
             'set -e; hostname "$1"; for pair in $2; do src=${pair%%:*}; dst=${pair#*:}; '
             'if [ -d "$src" ]; then mkdir -p "$dst"; fi; mount --bind "$src" "$dst"; done; '
-            "exec libvirtd --listen --pid-file /run/libvirt/libvirtd.pid"
+            # under a reaper that does for its QEMUs what systemd does on a real host
+            'exec "$3" -m vmmgr.lab_reaper libvirtd --listen --pid-file /run/libvirt/libvirtd.pid'
         )
         with open(d / "libvirtd.stderr", "wb") as err:
-            # ip, unshare and sh all exec: the PID we start is libvirtd's own.
+            # libvirtd's PID is the one in its pid file (the one started here is the reaper's)
             subprocess.Popen(
                 ["ip", "netns", "exec", ns, "unshare", "-m", "-u", "--propagation", "private",
-                 "sh", "-c", script, "lab-host", h.name, binds],
+                 "sh", "-c", script, "lab-host", h.name, binds, sys.executable],
                 stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
             )
 

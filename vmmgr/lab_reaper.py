@@ -1,0 +1,38 @@
+"""What PID 1 is to a real host's QEMUs, for one lab host: `python -m vmmgr.lab_reaper CMD...`.
+
+libvirtd daemonizes each QEMU, so a QEMU's parent is the init process, and libvirt, stopping a
+VM, polls until the exited QEMU is reaped. On a real host systemd reaps at once. This machine's
+init reaps late (a destroy or a migration's confirm phase waited 1.8 s for it, measured with
+strace), so the lab host's libvirtd runs under this reaper instead: a child subreaper, which
+adopts the QEMUs and reaps them as they exit. It runs CMD (libvirtd) as its child and lives on
+while any descendant does, as QEMUs outlive a restarted libvirtd.
+"""
+
+import ctypes
+import os
+import sys
+
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: python -m vmmgr.lab_reaper CMD [ARGS...]", file=sys.stderr)
+        return 2
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+    if os.fork() == 0:
+        try:
+            os.execvp(argv[0], argv)
+        finally:
+            os._exit(127)
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:  # no child or adopted descendant left
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
