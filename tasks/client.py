@@ -8,6 +8,8 @@ import time
 import uuid
 from collections.abc import Callable
 
+from celery.states import READY_STATES
+
 from vmmgr import audit
 from vmmgr.errors import VmmgrError
 from vmmgr.migration import JobProgress
@@ -65,7 +67,7 @@ def wait(task_id: str, on_progress: Callable[[JobProgress | None], None] = lambd
                 if info.get("progress") and info["progress"] != last:
                     last = info["progress"]
                     on_progress(JobProgress(**{k: v for k, v in last.items() if k != "fraction"}))
-            elif status in ("SUCCESS", "FAILURE"):
+            elif status in READY_STATES:  # REVOKED too: a queued task that expired
                 break
             time.sleep(poll)
     finally:
@@ -74,6 +76,8 @@ def wait(task_id: str, on_progress: Callable[[JobProgress | None], None] = lambd
         return info
     if isinstance(info, VmmgrError):
         raise info
+    if status == "REVOKED":
+        raise VmmgrError(f"task {task_id} was revoked: it did not run (expired in its queue)")
     raise VmmgrError(f"task {task_id} failed: {info!r}")
 
 

@@ -94,6 +94,8 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
 
     active = {"link": 0, "storage": 0}  # workers still taking moves from their queue
     save_streams = max(1, min(rates.save_streams, MAX_STREAMS))
+    saving_mib = [0]  # what the running saves write
+    replanned: set[str] = set()  # saves re-planned from migrations, still queued
 
     def next_move(resource: str):
         with lock:
@@ -103,52 +105,82 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
             return None
 
     def worker(resource: str) -> None:
-        while (move := next_move(resource)) is not None:
-            c = candidates[move.vm]
-            if resource == "link" and replanning:
-                move = _replanned(move, c, deadline_at, replace(
-                    rates, link_mibps=seen["link"]), report)
-                if move.resource == "storage":  # a save takes one of storage's streams, first
-                    with lock:
-                        queues["storage"].insert(0, move)
-                        if active["storage"] < save_streams:
-                            start("storage")
-                    continue
-            started = time.monotonic()
-            if resource == "link" and not replanning:
-                move = replace(move, how="migrate")
-            how = {"migrate": "migrate", "postcopy": "migrate", "suspend": "suspend",
-                   "hibernate": "hibernate" if move.target else "suspend"}[move.how]
-            step = Step(move.vm, how, move.target, move.reason,
-                        policy="never-fail" if move.how == "postcopy" else None)
-            try:
-                run_step(fleet, report, step, outcome, slots, deadline=True)
-            except Exception as err:  # noqa: BLE001 - one VM's surprise must not stop the rest
-                outcome.failed[move.vm] = f"{type(err).__name__}: {err}"
-                report.event(f"{move.vm}: {type(err).__name__}: {err}", vm=move.vm)
-            spent = time.monotonic() - started
-            safe = move.vm not in outcome.failed
+        drained = False
+        try:
+            while (move := next_move(resource)) is not None:
+                try:
+                    carry(resource, move)
+                except Exception as err:  # noqa: BLE001 - e.g. the store away as it reported:
+                    with lock:            # a VM not moved is named; the next moves go on
+                        if move.vm not in (*outcome.migrated, *outcome.suspended,
+                                           *outcome.hibernated):
+                            outcome.failed.setdefault(move.vm, f"{type(err).__name__}: {err}")
+            drained = True  # next_move counted this worker out
+        finally:
+            if not drained:  # a surprise outside a step: the queue must not be left unserved
+                with lock:
+                    active[resource] -= 1
+                    if queues[resource] and not active[resource]:
+                        start(resource)
+
+    def carry(resource: str, move) -> None:
+        c = candidates[move.vm]
+        if resource == "link" and replanning:
             with lock:
-                if safe:
-                    outcome.safe_at[move.vm] = round(time.monotonic() - t0, 1)
-                # a move that went the way it was planned tells how fast its resource is
-                kind = ("link" if move.vm in outcome.migrated and move.resource == "link" else
-                        "storage" if move.vm in outcome.suspended and move.how == "suspend"
-                        else None)
-                if kind:  # the first measurement replaces the prior; later ones average in
-                    rate = c.memory_mib / max(0.1, spent - rates.overhead_s)
-                    seen[kind] = rate if not samples[kind] else 0.5 * seen[kind] + 0.5 * rate
-                    samples[kind] += 1
-                if kind == "link" and replanning:
-                    pay = int(rates.link_total_mibps // max(seen["link"], 1e-9))
-                    while len(running["link"]) < min(MAX_STREAMS, pay, len(queues["link"]) +
-                                                     len(running["link"])):
-                        start("link")
+                ahead = saving_mib[0] + sum(candidates[v].memory_mib for v in replanned)
+            move = _replanned(move, c, deadline_at, replace(
+                rates, link_mibps=seen["link"]), report, storage_ahead_mib=ahead)
+            if move.resource == "storage":  # a save takes one of storage's streams, before
+                with lock:                  # the planned saves, after earlier re-planned ones
+                    queued = {m.vm for m in queues["storage"]}
+                    queues["storage"].insert(len(replanned & queued), move)
+                    replanned.add(move.vm)
+                    if active["storage"] < save_streams:
+                        start("storage")
+                return
+        if resource == "storage":
+            with lock:
+                replanned.discard(move.vm)
+                saving_mib[0] += c.memory_mib
+        started = time.monotonic()
+        if resource == "link" and not replanning:
+            move = replace(move, how="migrate")
+        how = {"migrate": "migrate", "postcopy": "migrate", "suspend": "suspend",
+               "hibernate": "hibernate" if move.target else "suspend"}[move.how]
+        step = Step(move.vm, how, move.target, move.reason,
+                    policy="never-fail" if move.how == "postcopy" else None)
+        try:
+            run_step(fleet, report, step, outcome, slots, deadline=True)
+        except Exception as err:  # noqa: BLE001 - one VM's surprise must not stop the rest
+            outcome.failed[move.vm] = f"{type(err).__name__}: {err}"
+            report.event(f"{move.vm}: {type(err).__name__}: {err}", vm=move.vm)
+        finally:
+            if resource == "storage":
+                with lock:
+                    saving_mib[0] -= c.memory_mib
+        spent = time.monotonic() - started
+        safe = move.vm not in outcome.failed
+        with lock:
             if safe:
-                at = outcome.safe_at[move.vm]
-                report.event(f"{move.vm}: safe at {at:.1f} s by {move.how} "
-                             f"({'within' if at <= outcome.deadline_s else 'AFTER'} the "
-                             f"{outcome.deadline_s:.0f} s deadline)", vm=move.vm, kind="plan")
+                outcome.safe_at[move.vm] = round(time.monotonic() - t0, 1)
+            # a move that went the way it was planned tells how fast its resource is
+            kind = ("link" if move.vm in outcome.migrated and move.resource == "link" else
+                    "storage" if move.vm in outcome.suspended and move.how == "suspend"
+                    else None)
+            if kind:  # the first measurement replaces the prior; later ones average in
+                rate = c.memory_mib / max(0.1, spent - rates.overhead_s)
+                seen[kind] = rate if not samples[kind] else 0.5 * seen[kind] + 0.5 * rate
+                samples[kind] += 1
+            if kind == "link" and replanning:
+                pay = int(rates.link_total_mibps // max(seen["link"], 1e-9))
+                while len(running["link"]) < min(MAX_STREAMS, pay, len(queues["link"]) +
+                                                 len(running["link"])):
+                    start("link")
+        if safe:
+            at = outcome.safe_at[move.vm]
+            report.event(f"{move.vm}: safe at {at:.1f} s by {move.how} "
+                         f"({'within' if at <= outcome.deadline_s else 'AFTER'} the "
+                         f"{outcome.deadline_s:.0f} s deadline)", vm=move.vm, kind="plan")
 
     running: dict[str, list[threading.Thread]] = {"link": [], "storage": []}
     threads: list[threading.Thread] = []
@@ -177,10 +209,12 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
         _remember(fleet.state.r, seen, rates)
 
 
-def _replanned(move, c, deadline_at, rates, report):
+def _replanned(move, c, deadline_at, rates, report, storage_ahead_mib: float = 0.0):
     left = deadline_at - time.time()
     how, secs = deadline.migration_seconds(c, rates.link_mibps, rates)
     _, save = deadline.save_seconds(c, rates.storage_mibps / max(1, rates.save_streams), rates)
+    # the save shares storage with what it already writes and waits behind earlier re-plans
+    save = max(save, (storage_ahead_mib + c.memory_mib) / rates.storage_mibps + rates.overhead_s)
     if secs > left and save <= left and not c.group:
         report.event(f"{c.name}: re-planned: a migration would now take ~{secs:.0f} s of the "
                      f"{left:.0f} s left, a save ~{save:.0f} s; saving it", vm=c.name, kind="plan")

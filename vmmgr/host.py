@@ -95,6 +95,7 @@ class Host:
         self._listener_ids = itertools.count()
         self._lifecycle_cb: int | None = None
         self._listen_lock = threading.Lock()
+        self._open_lock = threading.Lock()  # one connection per Host, however many threads ask
 
     def __repr__(self) -> str:
         return f"<Host {self.name} {self.uri}>"
@@ -115,15 +116,23 @@ class Host:
     def conn(self) -> libvirt.virConnect:
         if self._conn is not None and not self._listeners and not self.alive():
             self.close()  # its libvirtd restarted: a long-lived process opens a new connection
-        if self._conn is None:
-            ensure_loop()  # before the connection opens, or it delivers no events
-            with translated(f"connect to host {self.name} ({self.uri})"):
-                self._conn = _open(self.uri, f"host {self.name} ({self.uri})")
-            try:  # as virsh does: a peer that stops answering fails the call, not hangs it
-                self._conn.setKeepAlive(KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT)
-            except libvirt.libvirtError:
-                pass  # a driver without keepalive (a local or test connection)
-        return self._conn
+        conn = self._conn
+        if conn is None:
+            with self._open_lock:
+                if self._conn is None:
+                    self._conn = self._connect()
+                conn = self._conn
+        return conn
+
+    def _connect(self) -> libvirt.virConnect:
+        ensure_loop()  # before the connection opens, or it delivers no events
+        with translated(f"connect to host {self.name} ({self.uri})"):
+            conn = _open(self.uri, f"host {self.name} ({self.uri})")
+        try:  # as virsh does: a peer that stops answering fails the call, not hangs it
+            conn.setKeepAlive(KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT)
+        except libvirt.libvirtError:
+            pass  # a driver without keepalive (a local or test connection)
+        return conn
 
     def watch_lifecycle(self, vm: str | None, callback: Callable[..., None]) -> int:
         """Call `callback(event, detail)` on each lifecycle event of `vm` here (of every VM,

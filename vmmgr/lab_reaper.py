@@ -10,6 +10,7 @@ while any descendant does, as QEMUs outlive a restarted libvirtd.
 
 import ctypes
 import os
+import signal
 import sys
 
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
@@ -24,9 +25,12 @@ def main(argv: list[str]) -> int:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
     if os.fork() == 0:
         try:
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # as a shell would hand them on
+                signal.signal(sig, signal.SIG_DFL)
             os.execvp(argv[0], argv)
-        finally:
-            os._exit(127)
+        except OSError as err:  # said where the lab looks: the host's libvirtd.stderr
+            print(f"lab_reaper: {argv[0]}: {err}", file=sys.stderr, flush=True)
+        os._exit(127)
     while True:
         try:
             os.wait()

@@ -68,3 +68,33 @@ def test_opens_in_flight_run_side_by_side(monkeypatch):
     for c in callers:
         c.join(5)
     assert len(results) == 3 and all(isinstance(r, Conn) and not r.closed for r in results)
+
+
+def test_threads_that_ask_one_host_at_once_share_one_connection(monkeypatch):
+    import threading
+
+    import libvirt
+
+    from vmmgr.host import Host
+    from vmmgr.inventory import HostRecord
+
+    opened = []
+
+    class Conn:
+        def setKeepAlive(self, interval, count):
+            pass
+
+    def slow_open(uri):
+        time.sleep(0.3)
+        opened.append(Conn())
+        return opened[-1]
+
+    monkeypatch.setattr(libvirt, "open", slow_open)
+    host = Host(HostRecord("h", "qemu+tls://h/system"))
+    got = []
+    askers = [threading.Thread(target=lambda: got.append(host.conn)) for _ in range(3)]
+    for a in askers:
+        a.start()
+    for a in askers:
+        a.join(5)
+    assert len(opened) == 1 and got == opened * 3  # none opened and dropped unclosed

@@ -25,3 +25,10 @@ def test_a_daemonized_grandchild_is_adopted_and_reaped_at_once():
     assert _ppid(orphan) == reaper.pid
     assert reaper.wait(5) == 0  # it lived on for its adopted descendant, then ended
     assert _ppid(orphan) is None  # reaped: no zombie left behind
+
+
+def test_a_command_that_cannot_run_is_said_on_stderr():
+    proc = subprocess.run([sys.executable, "-m", "vmmgr.lab_reaper", "/nonexistent/libvirtd"],
+                          capture_output=True, text=True, timeout=10)
+    assert "lab_reaper: /nonexistent/libvirtd: " in proc.stderr
+    assert "No such file" in proc.stderr
