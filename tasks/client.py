@@ -55,9 +55,11 @@ def wait(task_id: str, on_progress: Callable[[JobProgress | None], None] = lambd
          on_event: Callable[[str], None] = lambda m: None, poll: float = 0.1) -> dict:
     """Follow a task to its end, passing on its progress and events; its result, or its error
     raised as the same `VmmgrError` the operation raised in the worker. One read of the task's
-    meta per poll: a short poll is cheap, and what the CLI waits for after the task ends is
-    half of it on average (bench/hop.py's `result` phase)."""
+    meta each time Celery stores a new state of it (its Redis backend publishes each one), and at
+    least every `poll` seconds: the end is seen the moment it is stored, not a poll later
+    (bench/hop.py's `result` phase)."""
     seen, last = 0, None
+    stores = _stores_of(task_id)  # subscribed before the first read: no state slips between
     try:
         while True:
             meta = app.backend.get_task_meta(task_id)  # exceptions come back as exceptions
@@ -69,9 +71,14 @@ def wait(task_id: str, on_progress: Callable[[JobProgress | None], None] = lambd
                     on_progress(JobProgress(**{k: v for k, v in last.items() if k != "fraction"}))
             elif status in READY_STATES:  # REVOKED too: a queued task that expired
                 break
-            time.sleep(poll)
+            _next_store(stores, poll)
     finally:
         on_progress(None)
+        if stores is not None:
+            try:
+                stores.close()
+            except Exception:
+                pass
     if status == "SUCCESS":
         return info
     if isinstance(info, VmmgrError):
@@ -79,6 +86,29 @@ def wait(task_id: str, on_progress: Callable[[JobProgress | None], None] = lambd
     if status == "REVOKED":
         raise VmmgrError(f"task {task_id} was revoked: it did not run (expired in its queue)")
     raise VmmgrError(f"task {task_id} failed: {info!r}")
+
+
+def _stores_of(task_id: str):
+    """A subscription to the channel Celery's Redis backend publishes each stored state of the
+    task on (the value is set and published in one pipeline), or None where there is none: then
+    the wait polls."""
+    try:
+        stores = app.backend.client.pubsub(ignore_subscribe_messages=True)
+        stores.subscribe(app.backend.get_key_for_task(task_id))
+        return stores
+    except Exception:
+        return None
+
+
+def _next_store(stores, poll: float) -> None:
+    """Until the task's next state is stored, or `poll` seconds."""
+    if stores is None:
+        time.sleep(poll)
+        return
+    try:
+        stores.get_message(timeout=poll)
+    except Exception:  # the subscription broke (Redis restarted): the meta read says more
+        time.sleep(poll)
 
 
 def _pass_on(meta: dict, seen: int, on_event) -> int:

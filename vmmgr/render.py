@@ -5,8 +5,6 @@ import xml.etree.ElementTree as ET
 from functools import lru_cache
 from pathlib import Path
 
-import jinja2
-
 from .addresses import mac_for
 from .spec import VMSpec
 
@@ -25,7 +23,9 @@ def _template_dir() -> Path:
 
 
 @lru_cache(maxsize=1)
-def _env() -> jinja2.Environment:
+def _env():
+    import jinja2  # only where XML is rendered: the CLI's start-up is a hop's wall time
+
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(_template_dir()),
         autoescape=True,
