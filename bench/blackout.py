@@ -22,7 +22,6 @@ Writes bench/results/blackout.json and blackout.md.
 import argparse
 import json
 import re
-import statistics
 import sys
 import time
 from pathlib import Path

@@ -30,8 +30,18 @@ def cli_actor() -> dict:
     return {"who": who, "via": "cli", "client": socket.gethostname()}
 
 
+def redacted(args: dict | None) -> dict:
+    """Arguments as records keep them: a VM's user-data may hold secrets, so only its size."""
+    args = dict(args or {})
+    spec = args.get("spec")
+    if isinstance(spec, dict) and spec.get("user_data"):
+        args["spec"] = spec | {"user_data": f"({len(str(spec['user_data']).encode())} bytes)"}
+    return args
+
+
 def record(r, actor: dict, action: str, target: str = "", args: dict | None = None,
            outcome: str = "", task: str = "") -> None:
+    args = redacted(args)
     now = time.time()
     oldest = int((now - keep_days() * 86400) * 1000)
     r.xadd(STREAM, {"time": f"{now:.3f}", "who": actor.get("who", ""),

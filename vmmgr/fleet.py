@@ -7,14 +7,15 @@ VMs happens here; moving them is `migration`'s job.
 import os
 import shutil
 import socket
+import subprocess
 import uuid
 from pathlib import Path
 from dataclasses import dataclass, replace
 
 import redis
 
-from . import console, devices, view
-from .addresses import NetworkConfig, pool_for
+from . import console, devices, os_images, seed, view
+from .addresses import NetworkConfig, mac_for, pool_for
 from .edge import Edge
 from .errors import Conflict, HostUnreachable, InvalidRequest, NotFound, VmmgrError
 from .guest import Guest, read_each
@@ -224,6 +225,8 @@ class Fleet:
             path = console.next_segment(self.paths.consoles, spec.name, host_name)
             try:
                 lease.check()
+                if spec.image:
+                    spec = self._make_system_disk(spec)
                 xml = domain_xml(spec, accel=host.accel, console_path=path)
                 guest = host.define(devices.assign(xml, held, host_name) if held else xml)
                 try:
@@ -234,8 +237,8 @@ class Fleet:
             except VmmgrError:
                 if pool is not None:
                     pool.release(spec.name)
-                if spec.swap_disk:
-                    Path(spec.swap_disk).unlink(missing_ok=True)
+                for made in self.vm_files(spec.name):
+                    made.unlink(missing_ok=True)
                 raise
             if spec.address:
                 self.route_address(spec.address, host_name)
@@ -244,6 +247,36 @@ class Fleet:
 
     def swap_disk_path(self, vm: str) -> Path:
         return self.paths.storage / "disks" / f"{vm}-swap.img"
+
+    def system_disk_path(self, vm: str) -> Path:
+        return self.paths.storage / "disks" / f"{vm}.qcow2"
+
+    def seed_path(self, vm: str) -> Path:
+        return self.paths.storage / "disks" / f"{vm}-seed.iso"
+
+    def vm_files(self, vm: str) -> list[Path]:
+        """What a VM keeps on shared storage besides its console and saves: gone with it."""
+        return [self.swap_disk_path(vm), self.system_disk_path(vm), self.seed_path(vm)]
+
+    def _make_system_disk(self, spec: VMSpec) -> VMSpec:
+        """A qcow2 overlay on the OS image (which is never written) and the cloud-init seed,
+        both on shared storage so that any host can run the VM."""
+        base = os_images.disk_path(self.paths.images, spec.image)
+        disk, seed_file = self.system_disk_path(spec.name), self.seed_path(spec.name)
+        disk.parent.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b",
+                               str(base), str(disk), f"{spec.disk_gib}G"],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise VmmgrError(f"disk of {spec.name}: {proc.stderr.strip()}")
+        disk.chmod(0o600)
+        mac = mac_for(spec.address) if spec.address else ""
+        seed.write(seed_file, {
+            "meta-data": seed.meta_data(spec.uuid, spec.name),
+            "user-data": seed.user_data(spec.ssh_keys, spec.user_data),
+            "network-config": seed.network_config(mac, spec.address, spec.gateway),
+        })
+        return replace(spec, disk=str(disk), seed=str(seed_file))
 
     def _make_swap_disk(self, spec: VMSpec) -> Path:
         """A sparse swap disk on shared storage, large enough for a hibernation image of all of
@@ -288,7 +321,8 @@ class Fleet:
             if edge is not None and address:
                 edge.unroute(address)
             shutil.rmtree(self.paths.saves / vm, ignore_errors=True)
-            self.swap_disk_path(vm).unlink(missing_ok=True)
+            for made in self.vm_files(vm):
+                made.unlink(missing_ok=True)
             console.remove(self.paths.consoles, vm)
             pool = pool_for(self.paths)
             if pool is not None:

@@ -242,7 +242,8 @@ class Lab:
                     shutil.rmtree(d, ignore_errors=True)
                     gone.add(d.name)
         for vm in gone:
-            (self.paths.storage / "disks" / f"{vm}-swap.img").unlink(missing_ok=True)
+            for suffix in ("-swap.img", ".qcow2", "-seed.iso"):  # Fleet.vm_files
+                (self.paths.storage / "disks" / f"{vm}{suffix}").unlink(missing_ok=True)
         addresses = self.paths.storage / "addresses"
         if addresses.is_dir():
             for f in addresses.iterdir():

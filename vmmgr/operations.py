@@ -58,7 +58,10 @@ def create(fleet: Fleet, report: Report, spec: dict, host: str | None = None) ->
                          kernel=spec["kernel"], initrd=spec.get("initrd"),
                          cmdline=spec["cmdline"], image_root=paths.images,
                          workload=spec.get("workload", ""), gpu_model=spec.get("gpu_model", ""),
-                         gpu_count=spec.get("gpu_count", 0), group=spec.get("group", ""))
+                         gpu_count=spec.get("gpu_count", 0), group=spec.get("group", ""),
+                         image=spec.get("image", ""), disk_gib=spec.get("disk_gib", 0),
+                         ssh_keys=tuple(spec.get("ssh_keys", ())),
+                         user_data=spec.get("user_data", ""))
     vm = spec_obj.name
     with fleet.lock_vm(vm, f"create of {vm}"):
         existing = fleet.find(vm, strict=True)
@@ -72,9 +75,17 @@ def create(fleet: Fleet, report: Report, spec: dict, host: str | None = None) ->
                 raise Conflict(f"no host has room for {vm}: {why}")
         guest = fleet.create(spec_obj, host)
         fleet.state.set_vm(vm, state="running", host=guest.host_name, target="",
-                           spec=asdict(spec_obj), created=time.time())
+                           spec=_recorded(spec_obj), created=time.time())
         report.event(f"{vm}: created on {guest.host_name}", vm=vm, host=guest.host_name)
         return {"vm": vm, "host": guest.host_name}
+
+
+def _recorded(spec) -> dict:
+    """The spec as the VM's record keeps it: user-data may hold secrets, so only its size."""
+    data = asdict(spec)
+    if data.get("user_data"):
+        data["user_data"] = f"({len(spec.user_data.encode())} bytes, in the seed only)"
+    return data
 
 
 def migrate(fleet: Fleet, report: Report, vm: str, target: str, policy: str | None = None,

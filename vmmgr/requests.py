@@ -43,8 +43,19 @@ def create(fleet: Fleet, name: str, *, workload: str = "counter", params: dict |
     return create_spec(spec, host)
 
 
+def create_from_image(fleet: Fleet, name: str, image: str, *, memory_mib: int = 512,
+                      vcpus: int = 1, host: str | None = None, disk_gib: int = 0,
+                      ssh_keys=(), user_data: str = "", group: str = "") -> Request:
+    """A disk-backed VM from an OS image; everything is checked before anything is made."""
+    spec = make_spec(name, memory_mib=memory_mib, vcpus=vcpus, image_root=fleet.paths.images,
+                     image=image, disk_gib=disk_gib, ssh_keys=tuple(ssh_keys),
+                     user_data=user_data, group=group)
+    admission.creation(fleet, spec, host)
+    return create_spec(spec, host)
+
+
 def create_spec(spec, host: str | None) -> Request:
-    data = asdict(spec) | {"kernel": str(spec.kernel),
+    data = asdict(spec) | {"kernel": str(spec.kernel) if spec.kernel else None,
                            "initrd": str(spec.initrd) if spec.initrd else None}
     return Request("create", {"spec": data, "host": host}, host,
                    ("vm", spec.name, f"create {spec.name}"))

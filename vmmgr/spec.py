@@ -17,6 +17,10 @@ MIN_MEMORY_MIB = 32
 MAX_MEMORY_MIB = 4 * 1024 * 1024
 MAX_VCPUS = 256
 MAX_CMDLINE = 2048
+MAX_DISK_GIB = 16384
+MAX_USER_DATA = 64 * 1024  # bytes: a cloud-config or script, not a payload
+SSH_KEY_RE = re.compile(r"^(ssh-(rsa|ed25519|dss)|ecdsa-sha2-nistp(256|384|521)|"
+                        r"sk-(ssh-ed25519|ecdsa-sha2-nistp256)@openssh\.com) [A-Za-z0-9+/=]+( [ -~]*)?$")
 
 
 @dataclass(frozen=True)
@@ -24,7 +28,7 @@ class VMSpec:
     name: str
     memory_mib: int
     vcpus: int
-    kernel: Path
+    kernel: Path | None  # None: the VM boots its own disk (`image`)
     initrd: Path | None
     cmdline: str
     workload: str = ""  # the built-in workload's name, empty for a user kernel
@@ -37,6 +41,14 @@ class VMSpec:
     # A job of several VMs (a training run's ranks): placed, moved, parked and resumed together.
     group: str = ""
     swap_disk: str = ""
+    # A disk-backed VM: a qcow2 overlay (`disk`, on shared storage) on the OS image `image`, and
+    # a cloud-init NoCloud seed (`seed`) with its hostname, SSH keys, address and user-data.
+    image: str = ""
+    disk_gib: int = 0
+    ssh_keys: tuple[str, ...] = ()
+    user_data: str = ""
+    disk: str = ""
+    seed: str = ""
     uuid: str = field(default_factory=lambda: str(uuidlib.uuid4()))
 
 
@@ -81,6 +93,24 @@ def validate_cmdline(cmdline: str) -> str:
     return cmdline
 
 
+def validate_ssh_key(key: str) -> str:
+    """One OpenSSH public key line (`ssh-ed25519 AAAA... comment`)."""
+    key = key.strip() if isinstance(key, str) else key
+    if not isinstance(key, str) or "\n" in key or not SSH_KEY_RE.match(key):
+        raise InvalidRequest("invalid SSH public key: give one line as in ~/.ssh/id_ed25519.pub "
+                             "(type, base64 key, optional comment)")
+    return key
+
+
+def validate_user_data(text: str) -> str:
+    if not isinstance(text, str) or len(text.encode()) > MAX_USER_DATA:
+        raise InvalidRequest(f"invalid user-data: text of at most {MAX_USER_DATA} bytes")
+    if text and not text.startswith(("#cloud-config", "#!")):
+        raise InvalidRequest("invalid user-data: it must start with #cloud-config or #! "
+                             "(a cloud-config document or a script)")
+    return text
+
+
 def validate_image_path(path: str | Path, root: Path, what: str) -> Path:
     """The real path of an image file, which must lie inside `root` (after resolving links)."""
     root = root.resolve()
@@ -100,25 +130,55 @@ def make_spec(
     *,
     memory_mib: int,
     vcpus: int,
-    kernel: str | Path,
-    initrd: str | Path | None,
-    cmdline: str,
+    kernel: str | Path | None = None,
+    initrd: str | Path | None = None,
+    cmdline: str = "",
     image_root: Path,
     workload: str = "",
     gpu_model: str = "",
     gpu_count: int = 0,
     group: str = "",
+    image: str = "",
+    disk_gib: int = 0,
+    ssh_keys: tuple[str, ...] | list[str] = (),
+    user_data: str = "",
 ) -> VMSpec:
-    """Validate every field and build the spec; raises InvalidRequest naming the first bad one."""
+    """Validate every field and build the spec; raises InvalidRequest naming the first bad one.
+
+    A VM boots either a kernel (and initrd) from the image directory, or its own disk made from
+    the OS image `image` (`os_images`), never both."""
+    if image:
+        from . import os_images  # the image store is only asked about disk-backed VMs
+
+        if kernel or initrd:
+            raise InvalidRequest("a VM boots either an OS image or a kernel, not both")
+        if gpu_count:
+            raise InvalidRequest("passed-through devices are not yet supported on VMs from "
+                                 "OS images")
+        stored = os_images.get(image_root, validate_name(image, "image"))  # NotFound
+        smallest = -(-stored.virtual_size // 2**30)
+        disk_gib = disk_gib or smallest
+        if not isinstance(disk_gib, int) or isinstance(disk_gib, bool) or not (
+                smallest <= disk_gib <= MAX_DISK_GIB):
+            raise InvalidRequest(f"invalid disk size {disk_gib!r} GiB: image {image} needs at "
+                                 f"least {smallest} GiB (at most {MAX_DISK_GIB})")
+    elif kernel is None:
+        raise InvalidRequest("a VM needs an OS image (--image) or a kernel (--kernel)")
+    elif disk_gib or ssh_keys or user_data:
+        raise InvalidRequest("a disk size, SSH keys and user-data go with an OS image (--image)")
     return VMSpec(
         name=validate_name(name),
         memory_mib=validate_memory(memory_mib),
         vcpus=validate_vcpus(vcpus),
-        kernel=validate_image_path(kernel, image_root, "kernel"),
+        kernel=validate_image_path(kernel, image_root, "kernel") if kernel else None,
         initrd=validate_image_path(initrd, image_root, "initrd") if initrd else None,
         cmdline=validate_cmdline(cmdline),
         workload=workload,
         gpu_model=validate_gpu(gpu_model, gpu_count)[0],
         gpu_count=gpu_count,
         group=validate_name(group, "group") if group else "",
+        image=image,
+        disk_gib=disk_gib if image else 0,
+        ssh_keys=tuple(validate_ssh_key(k) for k in ssh_keys),
+        user_data=validate_user_data(user_data),
     )

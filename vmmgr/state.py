@@ -16,7 +16,7 @@ from functools import cached_property
 import orjson
 import redis
 
-from . import metrics
+from . import audit, metrics
 from .errors import Conflict
 
 P = "vmmgr:"
@@ -305,7 +305,8 @@ class FleetState:
     def add_task(self, task_id: str, name: str, args: dict, queue: str, what: str = "") -> None:
         now = time.time()
         self.r.hset(P + f"task:{task_id}", mapping={
-            "id": task_id, "name": name, "args": json.dumps(args), "queue": queue, "what": what,
+            "id": task_id, "name": name, "args": json.dumps(audit.redacted(args)), "queue": queue,
+            "what": what,
             "submitted": f"{now:.3f}", "runs": 0})
         self.r.zadd(P + "tasks", {task_id: now})
         for old in self.r.zrange(P + "tasks", 0, -TASKS_KEPT - 1):

@@ -7,7 +7,7 @@ once with `{"error": {"code", "message"}}` and change nothing. The OpenAPI docum
 
 from flask import Blueprint, g, jsonify, request, url_for
 
-from vmmgr import audit, overview, requests
+from vmmgr import audit, os_images, overview, requests
 from vmmgr.errors import InvalidRequest, NotFound, VmmgrError
 from vmmgr.spec import validate_name
 
@@ -46,6 +46,14 @@ def act(build):
 @bp.get("/openapi.json")
 def openapi():
     return jsonify(document())
+
+
+# ---- images -------------------------------------------------------------------------------
+
+@bp.get("/images")
+@api_role("viewer")
+def list_images():
+    return jsonify([i.as_dict() for i in os_images.list_images(backend.paths().images)])
 
 
 # ---- hosts --------------------------------------------------------------------------------
@@ -112,6 +120,14 @@ def list_vms():
 @api_role("operator")
 def create_vm():
     data = parse(Create)
+    if data.get("image"):
+        if data.get("workload") or data.get("params"):
+            raise InvalidRequest("give either an image or a built-in workload")
+        return act(lambda fleet: requests.create_from_image(
+            fleet, data["name"], data["image"], memory_mib=data.get("memory_mib", 512),
+            vcpus=data.get("vcpus", 1), host=data.get("host"),
+            disk_gib=data.get("disk_gib") or 0, ssh_keys=data.get("ssh_keys") or (),
+            user_data=data.get("user_data") or "", group=data.get("group", "")))
     return act(lambda fleet: requests.create(
         fleet, data["name"], workload=data.get("workload") or "counter",
         params=data.get("params"), memory_mib=data.get("memory_mib", 128),

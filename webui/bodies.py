@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vmmgr.errors import InvalidRequest
 from vmmgr.policy import MAX_BANDWIDTH_MIBPS, POLICIES
-from vmmgr.spec import MAX_MEMORY_MIB, MAX_VCPUS, MIN_MEMORY_MIB, NAME_RE
+from vmmgr.spec import (MAX_DISK_GIB, MAX_MEMORY_MIB, MAX_USER_DATA, MAX_VCPUS, MIN_MEMORY_MIB,
+                        NAME_RE)
 from vmmgr.workloads import WORKLOADS
 
 Name = Annotated[str, Field(pattern=NAME_RE.pattern, max_length=63)]
@@ -37,6 +38,12 @@ class Create(Body):
     gpu_model: Name | None = None
     gpu_count: Annotated[int, Field(ge=0, le=8)] | None = None
     group: Name | None = None  # a job's VMs move, park and resume together
+    # A disk-backed VM from an OS image (instead of a built-in workload):
+    image: Name | None = None
+    disk_gib: Annotated[int, Field(ge=1, le=MAX_DISK_GIB)] | None = None
+    ssh_keys: Annotated[list[Annotated[str, Field(max_length=16384)]],
+                        Field(max_length=32)] | None = None
+    user_data: Annotated[str, Field(max_length=MAX_USER_DATA)] | None = None
 
     model_config = ConfigDict(json_schema_extra={"example": {
         "name": "train-1", "workload": "counter", "memory_mib": 128, "vcpus": 1,

@@ -60,6 +60,8 @@ SCHEMAS = {
     "Event": _obj({"id": STR, "time": STR, "kind": STR, "vm": STR, "host": STR, "task": STR,
                    "message": STR}, ["id", "time", "kind", "message"]),
 }
+SCHEMAS["Image"] = _obj({"name": STR, "format": STR, "virtual_size": INT, "size": INT,
+                         "sha256": STR, "source": STR, "created": NUM, "recipe": STR})
 SCHEMAS["UsageReport"] = _obj({"since": NUM, "until": NUM, "vms": {"type": "array", "items": _obj(
     {"vm": STR, **{k: NUM for k in ("running", "migrating", "blackout", "suspended", "parked",
                                     "hibernated", "stopped")}}, ["vm"])}},
@@ -176,6 +178,8 @@ def document() -> dict:
         "/vms/{name}/suspend": _action("Suspend the VM to shared storage and free its host "
                                        "(mode guest: the guest hibernates itself)", "suspend"),
         "/vms/{name}/resume": _action("Restore a suspended VM", "resume"),
+        "/images": {"get": _op("The OS images disk-backed VMs start from, on shared storage",
+                               (200, _list("Image"), "Images"), (401, 503))},
         "/tasks": {"get": _op("Recent tasks", (200, _list("TaskRecord"), "Tasks"),
                               (400, 401, 503), params=[COUNT])},
         "/tasks/{task_id}": {"get": _op("A task: progress and events while it runs, then its "

@@ -13,7 +13,7 @@ from flask import (Blueprint, Response, flash, g, redirect, render_template, req
 
 from markupsafe import Markup, escape
 
-from vmmgr import overview, requests, usage
+from vmmgr import os_images, overview, requests, usage
 from vmmgr.deadline import parse_duration
 from vmmgr.errors import InvalidRequest, NotFound, VmmgrError
 from vmmgr.policy import DEFAULT_POLICY, POLICIES
@@ -36,7 +36,9 @@ def fleet():
         # The page lists each host's VMs by name; only the parked ones need a full row.
         parked = overview.vm_rows(f, hosts, [v for v in views if v["host"] == "-"])
         history = f.state.capacity_history(time.time() - 86400)
+    images = os_images.list_images(backend.paths().images)
     return render_template("fleet.html", hosts=hosts, vms=parked, vm_links=_vm_links(hosts),
+                           images=images,
                            capacity_chart=charts.lines(
                                [float(h["time"]) for h in history],
                                {"used MiB": [float(h["used"]) for h in history],

@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vmmgr.apt_sources import debian_mirror
+from vmmgr.errors import VmmgrError
+
 ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = ROOT / "ansible"
 BIN = Path(sys.executable).parent
@@ -27,28 +30,11 @@ BASE = Path(f"/var/cache/vmmgr-test/bookworm-{BASE_PACKAGES.replace(',', '-')}")
 
 
 def machine_debian_mirror() -> str:
-    """The mirror this machine's apt takes Debian bookworm from (one-line or deb822 sources):
-    the trees are made from the same place, so a machine behind a local mirror keeps working."""
-    sources = Path("/etc/apt")
-    for f in [sources / "sources.list", *sorted((sources / "sources.list.d").glob("*.list"))]:
-        for line in f.read_text().splitlines() if f.is_file() else []:
-            words = line.split("#", 1)[0].split()
-            if words[:1] == ["deb"]:
-                rest = words[1:]
-                if rest and rest[0].startswith("["):  # options: [a=b c=d]
-                    while rest and not rest[0].endswith("]"):
-                        rest = rest[1:]
-                    rest = rest[1:]
-                if len(rest) >= 2 and rest[1] == "bookworm":
-                    return rest[0]
-    for f in sorted((sources / "sources.list.d").glob("*.sources")):
-        for stanza in f.read_text().split("\n\n"):
-            fields = dict(line.split(":", 1) for line in stanza.splitlines()
-                          if ":" in line and not line.startswith("#"))
-            fields = {k.strip().lower(): v.split() for k, v in fields.items()}
-            if "bookworm" in fields.get("suites", []) and fields.get("uris"):
-                return fields["uris"][0]
-    pytest.fail("no apt source for Debian bookworm on this machine to debootstrap from")
+    """The mirror this machine's apt takes Debian bookworm from: the trees come from there."""
+    try:
+        return debian_mirror("bookworm")
+    except VmmgrError as err:
+        pytest.fail(str(err))
 
 
 ARTIFACTS = ROOT / "tests" / "artifacts"  # the playbook runs' output, kept for reading

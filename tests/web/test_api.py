@@ -3,11 +3,12 @@ empty inventory and a private Redis), and the queued-task path with the fleet ch
 
 import pytest
 
+from vmmgr import os_images
 from vmmgr.requests import Request
 from vmmgr.state import FleetState
 from webui.openapi import document
 
-GETS = ["/api/v1/hosts", "/api/v1/hosts/host1", "/api/v1/vms", "/api/v1/vms/vm1",
+GETS = ["/api/v1/images", "/api/v1/hosts", "/api/v1/hosts/host1", "/api/v1/vms", "/api/v1/vms/vm1",
         "/api/v1/vms/vm1/targets", "/api/v1/vms/vm1/migrations", "/api/v1/tasks",
         "/api/v1/tasks/abc", "/api/v1/events"]
 ACTIONS = [("post", "/api/v1/hosts/host1/drain"), ("post", "/api/v1/hosts/host1/reclaim"),
@@ -42,9 +43,20 @@ def test_a_viewer_cannot_act(app, tokens, method, url):
 
 def test_listings_of_an_empty_fleet(app, tokens):
     client = app.test_client()
-    for url in ("/api/v1/hosts", "/api/v1/vms", "/api/v1/tasks", "/api/v1/events"):
+    for url in ("/api/v1/images", "/api/v1/hosts", "/api/v1/vms", "/api/v1/tasks",
+                "/api/v1/events"):
         r = client.get(url, headers=auth(tokens["viewer"]))
         assert r.status_code == 200 and r.get_json() == [], url
+
+
+def test_images_are_listed_with_their_size_and_checksum(app, home, tokens, tmp_path, as_role):
+    raw = tmp_path / "tiny.raw"
+    raw.write_bytes(b"\0" * (1 << 20))
+    stored = os_images.import_image(home.images, "tiny", raw)
+    r = app.test_client().get("/api/v1/images", headers=auth(tokens["viewer"]))
+    assert r.status_code == 200 and r.get_json() == [stored.as_dict()]
+    page = as_role("viewer").get("/").get_data(as_text=True)
+    assert "<td>tiny</td>" in page and stored.sha256[:16] in page
 
 
 @pytest.mark.parametrize("url,message", [

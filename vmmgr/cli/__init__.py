@@ -5,7 +5,8 @@ exists), 5 host unreachable, 6 migration failed or cancelled (the VM still runs 
 """
 
 # Importing the command modules registers their commands on the root group.
-from . import activity, demo, hosts, lab, migrate, net, notices, usage, users, vms  # noqa: E402,F401
+from . import (activity, demo, hosts, images, lab, migrate, net, notices, usage,  # noqa: E402,F401
+               users, vms)
 from .base import cli, main  # noqa: E402,F401
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 import sys
 import time
+from pathlib import Path
 
 import click
 
@@ -40,10 +41,17 @@ def vm() -> None:
 @click.option("--group", default="", metavar="NAME",
               help="A job of several VMs (a training run's ranks): a reclaim moves them the "
                    "same way, and parked ones resume together.")
+@click.option("--image", help="Boot this OS image (`vmmgr image list`): a VM with its own disk.")
+@click.option("--disk-size", "disk_gib", type=int, default=0, metavar="GiB",
+              help="Disk size for --image (default: the image's).")
+@click.option("--ssh-key", "ssh_key", type=click.Path(path_type=Path), metavar="FILE",
+              help="Public key for the VM's `vmmgr` user (--image).")
+@click.option("--user-data", "user_data", type=click.Path(path_type=Path), metavar="FILE",
+              help="cloud-init user-data (#cloud-config or a script) for --image.")
 @wait_option
 @click.pass_obj
 def vm_create(paths: Paths, name, host_name, workload, params, kernel, initrd, cmdline,
-              memory, vcpus, gpu, group, wait) -> None:
+              memory, vcpus, gpu, group, image, disk_gib, ssh_key, user_data, wait) -> None:
     """Define and start a VM."""
     gpu_model, _, gpu_count = (gpu or "").partition(":")
     if gpu_count and not gpu_count.isdigit():
@@ -51,7 +59,17 @@ def vm_create(paths: Paths, name, host_name, workload, params, kernel, initrd, c
     gpu_count = int(gpu_count or 1) if gpu_model else 0
     if kernel and (workload or params):
         raise InvalidRequest("give either --kernel (with --initrd/--cmdline) or --workload")
-    if kernel:
+    if image and (workload or params or kernel):
+        raise InvalidRequest("give either --image or a built-in --workload or --kernel")
+    if (disk_gib or ssh_key or user_data) and not image:
+        raise InvalidRequest("--disk-size, --ssh-key and --user-data go with --image")
+    if image:
+        spec = make_spec(name, memory_mib=memory, vcpus=vcpus, image_root=paths.images,
+                         image=image, disk_gib=disk_gib, group=group, gpu_model=gpu_model,
+                         gpu_count=gpu_count,
+                         ssh_keys=(_read_text(ssh_key, "SSH key"),) if ssh_key else (),
+                         user_data=_read_text(user_data, "user-data") if user_data else "")
+    elif kernel:
         spec = make_spec(name, memory_mib=memory, vcpus=vcpus, kernel=kernel, initrd=initrd,
                          cmdline=cmdline, image_root=paths.images, gpu_model=gpu_model,
                          gpu_count=gpu_count, group=group)
@@ -68,6 +86,16 @@ def vm_create(paths: Paths, name, host_name, workload, params, kernel, initrd, c
     result = run_request(paths, requests.create_spec(spec, host_name), wait=wait)
     if result:
         click.echo(f"{result['vm']} running on {result['host']}")
+
+
+def _read_text(path: Path, what: str) -> str:
+    """A file the operator names, read here (the request carries its text): a clear error,
+    and nothing created, when it cannot be read."""
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InvalidRequest(f"cannot read the {what} file {path}: "
+                             f"{getattr(err, 'strerror', None) or err}") from None
 
 
 def _parse_params(params: tuple[str, ...]) -> dict[str, str]:
