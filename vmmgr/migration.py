@@ -10,6 +10,7 @@ segment (see `console`).
 
 import threading
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -266,10 +267,26 @@ class _Migration:
         flags, params = flags_and_params(self.policy)
         if self.dest.record.tls:  # a host set up for TLS refuses a migration without it
             flags |= libvirt.VIR_MIGRATE_TLS
-        params[libvirt.VIR_MIGRATE_PARAM_DEST_XML] = set_console_path(guest.xml(migratable=True), segment)
+        live_xml = guest.xml(migratable=True)
+        if self._lab_storage_disks(live_xml):
+            flags |= libvirt.VIR_MIGRATE_UNSAFE
+        params[libvirt.VIR_MIGRATE_PARAM_DEST_XML] = set_console_path(live_xml, segment)
         params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML] = set_console_path(
             guest.xml(inactive=True, migratable=True), segment)
         return flags, params
+
+    def _lab_storage_disks(self, xml: str) -> bool:
+        """Whether this is a lab move of a VM with disks on the fleet's storage. libvirt 9.0
+        calls a file disk safe to live-migrate only on a filesystem it knows is shared (NFS,
+        GFS2, Ceph...), which is what production's storage is. The lab's storage is one
+        directory of one machine that every lab host sees, and libvirt cannot tell: it refuses
+        "Migration without shared storage is unsafe". There (only), vmmgr vouches for it;
+        the disks use cache='none', which is what libvirt asks of shared disks."""
+        if not (self.dest.record.lab and self.fleet.host(self.source).record.lab):
+            return False
+        storage = str(self.fleet.paths.storage.resolve())
+        return any((src.get("file") or "").startswith(storage + "/")
+                   for src in ET.fromstring(xml).iterfind("./devices/disk/source"))
 
     def run(self) -> MigrationResult:
         guest = self.guest

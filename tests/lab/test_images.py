@@ -112,8 +112,15 @@ def _wait_console(paths, vm, text, timeout=BOOT_TIMEOUT_S):
     raise AssertionError(f"{text!r} not on {vm}'s console in {timeout} s:\n{seen[-3000:]}")
 
 
-def test_a_vm_from_the_image_takes_its_key_name_and_address_and_keeps_its_disk_across_a_move(
+WRITER = ("i=0; while [ ! -e stop ]; do head -c 1048576 /dev/urandom > chunk.$i; "
+          "sha256sum chunk.$i >> sums; i=$((i+1)); sleep 0.3; done; sync; touch stopped")
+
+
+def test_a_vm_from_the_image_logs_in_and_loses_nothing_it_writes_across_moves_and_a_reboot(
         lab, fleet, paths, debian, tmp_path):
+    """Its key, name and /32 address from the seed; a stream of checksummed files written while
+    it is migrated three times and suspended and resumed once; all of it intact after a guest
+    reboot, with no filesystem error."""
     key = tmp_path / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     cli("vm", "create", "disk1", "--image", "debian-12", "--memory", "512", "--host", "host1",
@@ -122,18 +129,37 @@ def test_a_vm_from_the_image_takes_its_key_name_and_address_and_keeps_its_disk_a
         assert fleet.system_disk_path("disk1").is_file() and fleet.seed_path("disk1").is_file()
         _wait_console(paths, "disk1", "finished at")  # cloud-init's last stage
         address = pool_for(paths).address_of("disk1")
-        first = _ssh(key, address, "hostname; ip -4 -o addr show eth0; "
-                     "head -c 4194304 /dev/urandom > data; sha256sum data; sync")
+        first = _ssh(key, address, f"hostname; ip -4 -o addr show eth0; "
+                     f"nohup sh -c '{WRITER}' >/dev/null 2>&1 &")
         assert first.returncode == 0, first.stderr
         lines = first.stdout.splitlines()
         assert lines[0] == "disk1" and f"inet {address}/32" in lines[1]
-        checksum = lines[2].split()[0]
 
+        for target in ("host2", "host3"):
+            cli("migrate", "disk1", "--to", target, check_code=0)
+        cli("vm", "suspend", "disk1", check_code=0)
+        cli("vm", "resume", "disk1", "--host", "host1", check_code=0)
         cli("migrate", "disk1", "--to", "host2", check_code=0)
-        after = _ssh(key, address, "hostname; sha256sum data")
-        assert after.returncode == 0, after.stderr
-        assert after.stdout.split() == ["disk1", checksum, "data"]
         assert fleet.locate("disk1").host_name == "host2"
+
+        verify = ("touch stop; while [ ! -e stopped ]; do sleep 0.5; done; "
+                  "sha256sum -c --quiet sums && wc -l < sums")
+        written = _ssh(key, address, verify)
+        assert written.returncode == 0, written.stdout + written.stderr
+        chunks = int(written.stdout.split()[-1])
+        assert chunks >= 10, written.stdout  # it wrote through the moves
+
+        before = console.read(paths.consoles, "disk1").decode(errors="replace").count("login:")
+        _ssh(key, address, "sudo systemctl reboot")
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        while console.read(paths.consoles, "disk1").decode(
+                errors="replace").count("login:") <= before:
+            assert time.monotonic() < deadline, "no login prompt after the reboot"
+            time.sleep(3)
+        after = _ssh(key, address, "sha256sum -c --quiet sums && wc -l < sums; "
+                     "sudo journalctl -k -b | grep -ci 'ext4-fs error' || true", timeout=120)
+        assert after.returncode == 0, after.stdout + after.stderr
+        assert after.stdout.split() == [str(chunks), "0"]
     finally:
         cli("vm", "destroy", "disk1")
     assert not any(p.exists() for p in fleet.vm_files("disk1"))
