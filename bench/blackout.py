@@ -28,12 +28,12 @@ from pathlib import Path
 
 import libvirt
 
-from hop import create_counter, raw_hop
 from vmmgr.fleet import Fleet
-from vmmgr.lab import Lab
 from vmmgr.migration import migrate
-from vmmgr.paths import lab_paths
 from vmmgr.policy import DEFAULT_POLICY, get_policy
+
+from hop import create_counter, raw_hop
+from lab_ring import lab_ring
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VM = "blackout-probe"
@@ -51,13 +51,8 @@ def main() -> int:
     args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     args.add_argument("--moves", type=int, default=10, help="moves per method")
     opts = args.parse_args()
-    paths = lab_paths()
-    lab = Lab(paths, log=lambda m: print(f"  {m}", flush=True))
-    started_lab = not lab.running_hosts()
-    records = lab.up(3)
-    ring = [r.name for r in records[:3]]
     moves: dict[str, list[dict]] = {"plain": [], "vmmgr": []}
-    try:
+    with lab_ring() as (paths, records, ring):
         with Fleet(paths) as fleet:
             create_counter(fleet, paths, VM, ring[0])
             restart_traced(fleet.host(ring[0]).conn, VM)
@@ -81,9 +76,6 @@ def main() -> int:
                           f"pending {move['pending_mib']} MiB", flush=True)
                     time.sleep(1)
             fleet.destroy(VM)
-    finally:
-        if started_lab:
-            lab.down()
     report = summarize(moves, records[0].accel)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "blackout.json").write_text(json.dumps(report, indent=2) + "\n")

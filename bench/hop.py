@@ -41,11 +41,11 @@ import libvirt
 from vmmgr import console, workloads
 from vmmgr.fleet import Fleet
 from vmmgr.images import ensure_builtin
-from vmmgr.lab import Lab
 from vmmgr.migration import peer_uri
-from vmmgr.paths import lab_paths
 from vmmgr.spec import make_spec
 from vmmgr.state import FleetState
+
+from lab_ring import lab_ring
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VMMGR = Path(sys.executable).parent / "vmmgr"
@@ -56,16 +56,11 @@ def main() -> int:
     args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     args.add_argument("--moves", type=int, default=10)
     opts = args.parse_args()
-    paths = lab_paths()
-    lab = Lab(paths, log=lambda m: print(f"  {m}", flush=True))
-    started_lab = not lab.running_hosts()
-    records = lab.up(3)
-    ring = [r.name for r in records[:3]]
-    # The CLI as installed: its bytecode cached (pip compiles it), whatever this shell says.
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["VMMGR_HOME"] = str(paths.home)
     raw, cli = [], []
-    try:
+    with lab_ring() as (paths, records, ring):
+        # The CLI as installed: its bytecode cached (pip compiles it), whatever this shell says.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env["VMMGR_HOME"] = str(paths.home)
         with Fleet(paths) as fleet:
             vms = {"raw": "hop-raw", "cli": "hop-cli"}
             for vm in vms.values():
@@ -89,9 +84,6 @@ def main() -> int:
             contiguous = {m: counter_contiguous(paths, vm) for m, vm in vms.items()}
             for vm in vms.values():
                 fleet.destroy(vm)
-    finally:
-        if started_lab:
-            lab.down()
     report = summarize(raw, cli, contiguous, records[0].accel, opts.moves)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "hop.json").write_text(json.dumps(report, indent=2) + "\n")

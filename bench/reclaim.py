@@ -26,13 +26,12 @@ import sys
 import time
 from pathlib import Path
 
+from lab_ring import lab_ring
 from migration import measure_link_mibps, shape_links, verify
 
 from vmmgr import deadline, deadline_run, operations, workloads
 from vmmgr.fleet import Fleet
 from vmmgr.images import ensure_builtin
-from vmmgr.lab import Lab
-from vmmgr.paths import lab_paths
 from vmmgr.spec import make_spec
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -54,27 +53,21 @@ def main() -> int:
     args.add_argument("--link-mbit", type=int, default=400, help="shape the inter-host link")
     args.add_argument("--strategies", default=",".join(STRATEGIES))
     opts = args.parse_args()
-    paths = lab_paths()
-    lab = Lab(paths, log=lambda m: print(f"  {m}", flush=True))
-    started_lab = not lab.running_hosts()
-    records = lab.up(3)
-    ring = [r.name for r in records[:3]]
     runs = []
-    try:
-        shape_links(ring, opts.link_mbit)
-        link = measure_link_mibps()
-        storage = measure_storage_mibps(paths.storage)
-        rates = deadline.Rates(link_mibps=link, link_total_mibps=link, storage_mibps=storage)
-        print(f"link {link:.0f} MiB/s (shaped to {opts.link_mbit} Mbit/s), storage "
-              f"{storage:.0f} MiB/s, accelerator {records[0].accel}", flush=True)
-        with Fleet(paths) as fleet:
-            for seconds in [float(d) for d in opts.deadlines.split(",")]:
-                for strategy in opts.strategies.split(","):
-                    runs.append(run_one(fleet, paths, strategy, seconds, rates))
-    finally:
-        shape_links(ring, 0)
-        if started_lab:
-            lab.down()
+    with lab_ring() as (paths, records, ring):
+        try:
+            shape_links(ring, opts.link_mbit)
+            link = measure_link_mibps()
+            storage = measure_storage_mibps(paths.storage)
+            rates = deadline.Rates(link_mibps=link, link_total_mibps=link, storage_mibps=storage)
+            print(f"link {link:.0f} MiB/s (shaped to {opts.link_mbit} Mbit/s), storage "
+                  f"{storage:.0f} MiB/s, accelerator {records[0].accel}", flush=True)
+            with Fleet(paths) as fleet:
+                for seconds in [float(d) for d in opts.deadlines.split(",")]:
+                    for strategy in opts.strategies.split(","):
+                        runs.append(run_one(fleet, paths, strategy, seconds, rates))
+        finally:
+            shape_links(ring, 0)
     total = sum(v[3] for v in VMS)
     report = {"accel": records[0].accel, "link_mibps": round(link, 1),
               "link_shaped_mbit": opts.link_mbit, "storage_mibps": round(storage, 1),

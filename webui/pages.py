@@ -81,6 +81,7 @@ def vms():
         hosts = overview.host_rows(f, views)
         rows, last = overview.vm_page(f, hosts, views, after=after or "", limit=VM_PAGE)
     return render_template("vms.html", vms=rows, hosts=hosts, workloads=WORKLOADS,
+                           images=os_images.list_images(backend.paths().images),
                            next_page=url_for("pages.vms", after=last) if last else None,
                            paged=after is not None)
 
@@ -203,6 +204,13 @@ def _int(field: str, default: int | None) -> int | None:
 @page_role("operator")
 def vm_create():
     def build(f):
+        if request.form.get("image"):  # a VM from an OS image, with its own disk
+            keys = [line for line in request.form.get("ssh_key", "").splitlines() if line.strip()]
+            return requests.create_from_image(
+                f, request.form.get("name", "").strip(), request.form["image"],
+                memory_mib=_int("memory_mib", 512), vcpus=_int("vcpus", 1),
+                host=request.form.get("host") or None, disk_gib=_int("disk_gib", 0),
+                ssh_keys=keys, user_data=request.form.get("user_data", "").replace("\r\n", "\n"))
         params = {}
         for word in request.form.get("params", "").split():
             key, sep, value = word.partition("=")

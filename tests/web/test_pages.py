@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from vmmgr import os_images
 from vmmgr.requests import Request
 from vmmgr.state import FleetState
 
@@ -82,6 +83,11 @@ def test_actions_need_the_csrf_token(as_role, url):
     ("/vms", {"name": "a", "memory_mib": "lots"}, "memory_mib must be a whole number"),
     ("/vms", {"name": "a", "params": "interval"}, "KEY=VALUE"),
     ("/vms", {"name": "a"}, "no host has room for a"),
+    ("/vms", {"name": "a", "image": "no-such-image"}, "unknown image &#39;no-such-image&#39;"),
+    ("/vms", {"name": "a", "image": "base", "ssh_key": "not a key"}, "invalid SSH public key"),
+    ("/vms", {"name": "a", "image": "base", "disk_gib": "1"}, "needs at least 3 GiB"),
+    ("/vms", {"name": "a", "image": "base", "user_data": "runcmd: []"}, "#cloud-config"),
+    ("/vms", {"name": "a", "image": "base"}, "no host has room for a"),
     ("/vms/vm1/migrate", {"target": "host2"}, "unknown host &#39;host2&#39;"),
     ("/vms/vm1/migrate", {"target": "host2", "policy": "warp"}, "unknown policy"),
     ("/vms/vm1/cancel", {}, "unknown VM &#39;vm1&#39;"),
@@ -95,7 +101,12 @@ def test_actions_need_the_csrf_token(as_role, url):
     ("/hosts/host1/reclaim", {"deadline": "0s"}, "more than 0 s and at most a day"),
     ("/hosts/host1/enable", {}, "unknown host &#39;host1&#39;"),
 ])
-def test_refusals_are_shown_and_change_nothing(as_role, redis_url, url, form, message):
+def test_refusals_are_shown_and_change_nothing(as_role, home, tmp_path, redis_url, url, form,
+                                               message):
+    raw = tmp_path / "base.raw"  # an image of 3 GiB for the image refusals
+    with raw.open("wb") as f:
+        f.truncate(3 * 2**30)
+    os_images.import_image(home.images, "base", raw)
     client = as_role("operator")
     token = csrf_of(client.get("/").get_data(as_text=True))
     r = client.post(url, data=form | {"csrf_token": token}, follow_redirects=True)
