@@ -25,7 +25,7 @@ def image_build_cmd(paths: Paths, name: str) -> None:
     """Build an image from Debian packages (cached: rebuilt only when its recipe changes)."""
     built = image_build.build(paths.images, name, used_by=vms_on(paths, name), log=log_line)
     audit_cli(paths, "image build", name, "ok", {"recipe": built.recipe})
-    click.echo(f"image {built.name}: {_row(built)[1]}, sha256 {built.sha256}")
+    click.echo(f"image {built.name}: {_row(built)[2]}, sha256 {built.sha256}")
 
 
 @image.command("import")
@@ -36,7 +36,7 @@ def image_import(paths: Paths, name: str, file: Path) -> None:
     """Import a qcow2 or raw cloud image that boots with its own bootloader and cloud-init."""
     imported = os_images.import_image(paths.images, name, file, log=log_line)
     audit_cli(paths, "image import", name, "ok", {"file": str(file)})
-    click.echo(f"image {imported.name}: {_row(imported)[1]}, sha256 {imported.sha256}")
+    click.echo(f"image {imported.name}: {_row(imported)[2]}, sha256 {imported.sha256}")
 
 
 @image.command("list")
