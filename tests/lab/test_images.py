@@ -13,6 +13,7 @@ from vmmgr.addresses import pool_for
 from vmmgr.lab_net import CLIENT_NS
 
 from .conftest import cli
+from .test_faults import faults
 
 BOOT_TIMEOUT_S = 600  # TCG: Debian's kernel, systemd and cloud-init's first boot take minutes
 
@@ -182,3 +183,38 @@ def test_bad_requests_for_a_vm_from_an_image_create_nothing(lab, fleet, paths, d
         proc = cli("vm", "create", "bad1", "--memory", "512", *args, check_code=code)
         assert message in proc.stderr, (args, proc.stderr)
     assert fleet.find("bad1") is None and not any(p.exists() for p in fleet.vm_files("bad1"))
+
+
+def test_a_disk_backed_vm_whose_worker_dies_mid_migration_ends_on_one_host_with_its_disk(
+        lab, fleet, paths, debian, tmp_path):
+    """The worker running its migration is SIGKILLed: once the lab is repaired and the fleet has
+    settled, the VM runs on exactly one host, its record says where, and what it wrote before
+    is on its disk."""
+    c = faults.Lab3(lab, paths)
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    cli("vm", "create", "disk2", "--image", "debian-12", "--memory", "512", "--host", "host1",
+        "--ssh-key", f"{key}.pub", check_code=0)
+    try:
+        _wait_console(paths, "disk2", "finished at")
+        address = pool_for(paths).address_of("disk2")
+        wrote = _ssh(key, address, "head -c 8388608 /dev/urandom > data; sync; sha256sum data")
+        assert wrote.returncode == 0, wrote.stderr
+        task = c.task_of(c.cli("migrate", "disk2", "--to", "host2", "--bandwidth", "20",
+                               "--no-wait"))
+        faults.wait(lambda: c.state.vm("disk2").get("state") == "migrating", 60,
+                    "no migration began")
+        time.sleep(1)
+        c.kill_worker_of(task)
+        lab.up(3)
+        faults.settle(c, ["disk2"], timeout=300)
+        copies = fleet.find_all("disk2")
+        running = [g for g in copies if g.is_active() and g.state() == "running"]
+        assert len(running) == 1 and len(copies) == 1, [f"{g.host_name}:{g.state()}"
+                                                         for g in copies]
+        faults.wait(lambda: (c.state.vm("disk2").get("state"), c.state.vm("disk2").get("host"))
+                    == ("running", running[0].host_name), 60, "the record never agreed")
+        after = _ssh(key, address, "sha256sum data")
+        assert after.returncode == 0 and after.stdout == wrote.stdout, after.stdout + after.stderr
+    finally:
+        cli("vm", "destroy", "disk2")
