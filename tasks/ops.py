@@ -67,6 +67,21 @@ def destroy(self, vm: str) -> dict:
     return _run(self, LockSpec("vm", vm, f"destroy of {vm}"), "destroy", vm=vm)
 
 
+@operation("stop")
+def stop(self, vm: str, timeout: float = operations.STOP_TIMEOUT) -> dict:
+    return _run(self, LockSpec("vm", vm, f"stop of {vm}"), "stop", vm=vm, timeout=timeout)
+
+
+@operation("start")
+def start(self, vm: str) -> dict:
+    return _run(self, LockSpec("vm", vm, f"start of {vm}"), "start", vm=vm)
+
+
+@operation("reboot")
+def reboot(self, vm: str) -> dict:
+    return _run(self, LockSpec("vm", vm, f"reboot of {vm}"), "reboot", vm=vm)
+
+
 @operation("drain_host")
 def drain_host(self, host: str, timeout: float = 600) -> dict:
     return _run(self, LockSpec("host", host, f"drain of {host}"), "drain_host", host=host,

@@ -98,6 +98,24 @@ def running_vm(fleet: Fleet, vm: str) -> str:
     return row["host"]
 
 
+POWER_STATES = {"stop": "running", "reboot": "running", "start": "shutoff"}  # what each needs
+
+
+def power_change(fleet: Fleet, vm: str, verb: str) -> str:
+    """Returns the VM's host; refuses a stop, start or reboot its state does not allow."""
+    row = _Seen(fleet).vm(vm)
+    if row["host"] == "-":
+        raise Conflict(f"VM {vm!r} is suspended to disk: `vm resume` it first")
+    if verb != "start" and row.get("workload"):
+        raise Conflict(f"VM {vm!r} runs the built-in {row['workload']} guest, which has no OS to "
+                       f"ask to {verb} (`vm destroy` removes it; `vm suspend` saves it)")
+    if row["state"] != POWER_STATES[verb]:
+        hint = " (`vm start` boots it)" if row["state"] == "shutoff" else ""
+        raise Conflict(f"VM {vm!r} is {row['state']} on {row['host']}: {verb} needs it "
+                       f"{POWER_STATES[verb]}{hint}")
+    return row["host"]
+
+
 def suspended_vm(fleet: Fleet, vm: str, host: str | None) -> None:
     seen = _Seen(fleet)
     row = seen.vm(vm)

@@ -24,7 +24,7 @@ from .inventory import Inventory
 from .locks import Lease
 from .paths import Paths
 from .placement import refusal
-from .render import address_of, domain_xml, workload_of
+from .render import address_of, domain_xml, set_console_path, workload_of
 from .spec import VMSpec, validate_name
 from .state import FleetState
 
@@ -244,6 +244,27 @@ class Fleet:
                 self.route_address(spec.address, host_name)
             self.publish(spec.name)
             return guest
+
+    def relocate_stopped(self, vm: str, target: str) -> Guest:
+        """Move a stopped VM's definition to `target` (its disk is on shared storage): defined
+        there first, then undefined here, so some host always holds it; neither runs it."""
+        guest = self.locate(vm)
+        if guest.is_active():
+            raise Conflict(f"{vm} is running: it moves by migration")
+        if guest.device_needs()[1]:
+            raise Conflict(f"{vm} is stopped and holds passed-through devices: start it to move "
+                           f"it, or destroy it")
+        host = self.host(target)
+        require_active(host)
+        reason = refusal(host.capacity(), guest.memory_mib(), guest.vcpus())
+        if reason:
+            raise Conflict(f"host {target} has no room for {vm}: {reason}")
+        segment = console.next_segment(self.paths.consoles, vm, target)
+        moved = host.define(set_console_path(guest.xml(migratable=True, inactive=True), segment))
+        guest.undefine()
+        self.state.set_vm(vm, state="shutoff", host=target, target="")
+        self.publish(vm)
+        return moved
 
     def swap_disk_path(self, vm: str) -> Path:
         return self.paths.storage / "disks" / f"{vm}-swap.img"

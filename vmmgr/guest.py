@@ -114,6 +114,20 @@ class Guest:
         with translated(f"start {self.name} on {self.host_name}"):
             self._dom.create()
 
+    # The guest's own OS is asked, by its agent where one answers, else by the ACPI power
+    # button (libvirt's QEMU driver tries them in that order).
+    def shutdown(self) -> None:
+        """Ask the guest to shut down; it returns at once (the caller waits for shutoff)."""
+        with translated(f"shut down {self.name} on {self.host_name}"):
+            self._dom.shutdownFlags(libvirt.VIR_DOMAIN_SHUTDOWN_GUEST_AGENT
+                                    | libvirt.VIR_DOMAIN_SHUTDOWN_ACPI_POWER_BTN)
+
+    def reboot(self) -> None:
+        """Ask the guest to reboot (its OS does it: nothing is lost that it would keep)."""
+        with translated(f"reboot {self.name} on {self.host_name}"):
+            self._dom.reboot(libvirt.VIR_DOMAIN_REBOOT_GUEST_AGENT
+                             | libvirt.VIR_DOMAIN_REBOOT_ACPI_POWER_BTN)
+
     def destroy(self) -> None:
         """Power off at once (no guest shutdown)."""
         with translated(f"destroy {self.name} on {self.host_name}"):

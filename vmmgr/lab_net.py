@@ -91,7 +91,7 @@ class LabNetwork:
         _ns(CLIENT_NS, "ip", "link", "set", "eth0", "up")
         # The outside knows the guests' addresses are behind the edge, nothing more.
         _ns(CLIENT_NS, "ip", "route", "add", POOL, "via", OUTSIDE_EDGE_IP)
-        _ns(EDGE_NS, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        _forward_without_redirects(EDGE_NS)
         # Connections the guests open to the outside leave with the edge's address.
         _ns(EDGE_NS, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", POOL, "-o", "out0",
             "-j", "MASQUERADE")
@@ -103,7 +103,7 @@ class LabNetwork:
         _ns(EDGE_NS, "iptables", "-A", "INPUT", "-i", "wg-edge", "-s", POOL, "-j", "DROP")
 
     def _route_guests(self, ns: str, wg_if: str) -> None:
-        _ns(ns, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        _forward_without_redirects(ns, GUEST_BRIDGE)
         _isolate_guests(ns, wg_if)
         rules = _ns(ns, "ip", "rule", "show")
         if f"from {POOL} lookup main suppress_prefixlength 0" not in rules:
@@ -129,6 +129,16 @@ class LabNetwork:
         EdgeConfig.remove(self.paths)
         for sock in Path("/run/wireguard").glob("wg-*.sock"):
             sock.unlink(missing_ok=True)
+
+
+def _forward_without_redirects(ns: str, *interfaces: str) -> None:
+    """Forwarding on, ICMP redirects off (the same sysctls as the Ansible roles): a host routes
+    a packet between two of its guests back out of the guest bridge, and a redirect would teach
+    the sender the other guest's MAC as a next hop, a shortcut that breaks when either moves
+    (seen on the lab: a TCP connection between two guests stalled for good after a move)."""
+    _ns(ns, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+    for conf in ("all", "default", *interfaces):  # the kernel ORs `all` with each interface's
+        _ns(ns, "sysctl", "-qw", f"net.ipv4.conf.{conf}.send_redirects=0")
 
 
 def _isolate_guests(ns: str, wg_if: str) -> None:

@@ -249,6 +249,85 @@ def _resume(fleet: Fleet, report: Report, vm: str, host: str | None) -> dict:
     return asdict(result)
 
 
+STOP_TIMEOUT = 120  # s a guest OS gets to shut down cleanly (TCG boots and stops slowly)
+
+
+def _defined(fleet: Fleet, vm: str, verb: str):
+    """The VM's guest on the host that holds it; a clear error for one parked on storage."""
+    if fleet.find(vm) is None and fleet.is_suspended(vm):
+        raise Conflict(f"{vm} is suspended to disk: `vm resume` it first, then {verb} it")
+    return fleet.locate(vm)
+
+
+def stop(fleet: Fleet, report: Report, vm: str, timeout: float = STOP_TIMEOUT) -> dict:
+    """Shut the guest down cleanly (its agent, else the ACPI power button) and wait until it
+    is off. It stays defined on its host with its room, disk and address kept for `start`."""
+    with fleet.lock_vm(vm, f"stop of {vm}"):
+        guest = _defined(fleet, vm, "stop")
+        if not guest.is_active():
+            if report.rerun:
+                return {"vm": vm, "host": guest.host_name, "state": "shutoff"}
+            raise Conflict(f"{vm} is not running (it is {guest.state()})")
+        fleet.state.set_vm(vm, state="stopping", host=guest.host_name, target="")
+        guest.shutdown()
+        deadline = time.monotonic() + timeout
+        while guest.is_active():
+            if time.monotonic() > deadline:
+                fleet.state.set_vm(vm, state=guest.state(), host=guest.host_name)
+                raise Conflict(f"{vm} did not shut down within {timeout:.0f} s: its OS did not "
+                               f"act on the request and it is still running (`vm destroy` "
+                               f"removes it without a shutdown)")
+            time.sleep(0.5)
+        fleet.state.set_vm(vm, state="shutoff", host=guest.host_name, target="")
+        fleet.publish(vm)
+        report.event(f"{vm}: stopped on {guest.host_name}", vm=vm, host=guest.host_name)
+        return {"vm": vm, "host": guest.host_name, "state": "shutoff"}
+
+
+def start(fleet: Fleet, report: Report, vm: str) -> dict:
+    """Boot a stopped VM again on the host that kept it; the edge routes its address there."""
+    with fleet.lock_vm(vm, f"start of {vm}"):
+        guest = _defined(fleet, vm, "start")
+        if guest.is_active():
+            if report.rerun:
+                return {"vm": vm, "host": guest.host_name, "state": "running"}
+            raise Conflict(f"{vm} is already running on {guest.host_name}")
+        host = fleet.host(guest.host_name)
+        if host.record.state != "active":
+            raise Conflict(f"{vm} is stopped on {host.name}, which takes no VMs now "
+                           f"({host.record.state})")
+        guest.start()
+        fleet.route_address(address_of(guest.xml()), host.name)
+        fleet.state.set_vm(vm, state="running", host=host.name, target="")
+        fleet.publish(vm)
+        report.event(f"{vm}: started on {host.name}", vm=vm, host=host.name)
+        return {"vm": vm, "host": host.name, "state": "running"}
+
+
+def relocate_stopped(fleet: Fleet, report: Report, vm: str, target: str) -> dict:
+    """A stopped VM leaves a host being emptied: its definition moves, nothing boots."""
+    with fleet.lock_vm(vm, f"move of stopped {vm} to {target}"):
+        source = fleet.locate(vm).host_name
+        if report.rerun and source == target:
+            return {"vm": vm, "host": target, "state": "shutoff"}
+        fleet.relocate_stopped(vm, target)
+        report.event(f"{vm}: stopped, its definition moved from {source} to {target}", vm=vm,
+                     host=target)
+        return {"vm": vm, "host": target, "state": "shutoff"}
+
+
+def reboot(fleet: Fleet, report: Report, vm: str) -> dict:
+    """Ask the guest OS to reboot; it stays where it is, with everything it wrote."""
+    with fleet.lock_vm(vm, f"reboot of {vm}"):
+        guest = _defined(fleet, vm, "reboot")
+        if not guest.is_active():
+            raise Conflict(f"{vm} is not running (it is {guest.state()}): `vm start` boots it")
+        guest.reboot()
+        report.event(f"{vm}: reboot asked of its OS on {guest.host_name}", vm=vm,
+                     host=guest.host_name)
+        return {"vm": vm, "host": guest.host_name, "state": "running"}
+
+
 def destroy(fleet: Fleet, report: Report, vm: str) -> dict:
     with fleet.lock_vm(vm, f"destroy of {vm}"):
         try:
@@ -298,8 +377,8 @@ def add_host(fleet: Fleet, report: Report, record: dict) -> dict:
 # The task API's operations by name: a task runs `OPERATIONS[name](fleet, run, **kwargs)`, and so
 # does the CLI in its own process.
 OPERATIONS = {f.__name__: f for f in (create, migrate, cancel, suspend, resume, destroy,
-                                      drain_host, reclaim_host, enable_host, add_host,
-                                      resume_postcopy)}
+                                      stop, start, reboot, drain_host, reclaim_host,
+                                      enable_host, add_host, resume_postcopy)}
 
 
 def recover(fleet: Fleet, report: Report, vm: str) -> str | None:

@@ -94,6 +94,24 @@ def resume_postcopy(vm: str) -> Request:
     return Request("resume_postcopy", {"vm": vm}, None, ("vm", vm, f"post-copy recovery of {vm}"))
 
 
+def stop(fleet: Fleet, vm: str, timeout: float | None = None) -> Request:
+    if timeout is not None and not 0 < timeout <= 3600:
+        raise InvalidRequest(f"stop timeout must be between 0 and 3600 s, not {timeout}")
+    host = admission.power_change(fleet, vm, "stop")
+    kwargs = {"vm": vm} | ({"timeout": timeout} if timeout is not None else {})
+    return Request("stop", kwargs, host, ("vm", vm, f"stop of {vm}"))
+
+
+def start(fleet: Fleet, vm: str) -> Request:
+    host = admission.power_change(fleet, vm, "start")
+    return Request("start", {"vm": vm}, host, ("vm", vm, f"start of {vm}"))
+
+
+def reboot(fleet: Fleet, vm: str) -> Request:
+    host = admission.power_change(fleet, vm, "reboot")
+    return Request("reboot", {"vm": vm}, host, ("vm", vm, f"reboot of {vm}"))
+
+
 def destroy(fleet: Fleet, vm: str) -> Request:
     admission.known_vm(fleet, vm)
     return Request("destroy", {"vm": vm}, None, ("vm", vm, f"destroy of {vm}"))

@@ -12,7 +12,7 @@ from vmmgr.errors import InvalidRequest, NotFound, VmmgrError
 from vmmgr.spec import validate_name
 
 from . import backend, redact
-from .bodies import Create, Drain, Empty, Migrate, Reclaim, Resume, Suspend, parse
+from .bodies import Create, Drain, Empty, Migrate, Reclaim, Resume, Stop, Suspend, parse
 from .auth import api_role
 from .openapi import document
 
@@ -199,6 +199,27 @@ def resume_vm(name):
     host = data.get("host")
     host = validate_name(host, "host") if host else None
     return act(lambda fleet: requests.resume(fleet, name, host))
+
+
+@bp.post("/vms/<name>/stop")
+@api_role("operator")
+def stop_vm(name):
+    data = parse(Stop)
+    return act(lambda fleet: requests.stop(fleet, name, data.get("timeout")))
+
+
+@bp.post("/vms/<name>/start")
+@api_role("operator")
+def start_vm(name):
+    parse(Empty)
+    return act(lambda fleet: requests.start(fleet, name))
+
+
+@bp.post("/vms/<name>/reboot")
+@api_role("operator")
+def reboot_vm(name):
+    parse(Empty)
+    return act(lambda fleet: requests.reboot(fleet, name))
 
 
 # ---- tasks and events ---------------------------------------------------------------------

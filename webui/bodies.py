@@ -80,6 +80,10 @@ class Suspend(Body):
     mode: Literal["save", "guest"] | None = None
 
 
+class Stop(Body):
+    timeout: Annotated[float, Field(gt=0, le=3600)] | None = None  # s its OS gets (default 120)
+
+
 def parse(model: type[Body]) -> dict:
     """The request's JSON body checked against `model`: the fields given, nulls left out."""
     raw = request.get_data()

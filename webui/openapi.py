@@ -78,6 +78,7 @@ SCHEMAS["VMDetail"] = {"allOf": [{"$ref": "#/components/schemas/VM"}, _obj({
 BODIES = {name: bodies.openapi_schema(model) for name, model in {
     "create": bodies.Create, "migrate": bodies.Migrate, "drain": bodies.Drain,
     "resume": bodies.Resume, "suspend": bodies.Suspend, "empty": bodies.Empty,
+    "stop": bodies.Stop,
     "reclaim": bodies.Reclaim}.items()}
 
 
@@ -178,6 +179,11 @@ def document() -> dict:
         "/vms/{name}/suspend": _action("Suspend the VM to shared storage and free its host "
                                        "(mode guest: the guest hibernates itself)", "suspend"),
         "/vms/{name}/resume": _action("Restore a suspended VM", "resume"),
+        "/vms/{name}/stop": _action("Shut the VM down cleanly (its OS is asked; timeout: the "
+                                    "seconds it gets, default 120); it keeps its host, disk and "
+                                    "address", "stop"),
+        "/vms/{name}/start": _action("Boot a stopped VM again", "empty"),
+        "/vms/{name}/reboot": _action("Ask the VM's OS to reboot", "empty"),
         "/images": {"get": _op("The OS images disk-backed VMs start from, on shared storage",
                                (200, _list("Image"), "Images"), (401, 503))},
         "/tasks": {"get": _op("Recent tasks", (200, _list("TaskRecord"), "Tasks"),

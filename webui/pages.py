@@ -241,6 +241,9 @@ def vm_action(name, action):
     builders = {"cancel": lambda f: requests.cancel(f, name),
                 "suspend": lambda f: requests.suspend(f, name),
                 "resume": lambda f: requests.resume(f, name, request.form.get("host") or None),
+                "stop": lambda f: requests.stop(f, name),
+                "start": lambda f: requests.start(f, name),
+                "reboot": lambda f: requests.reboot(f, name),
                 "destroy": lambda f: requests.destroy(f, name)}
     if action not in builders:
         raise NotFound(f"no action {action!r}")

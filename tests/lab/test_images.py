@@ -12,7 +12,7 @@ from vmmgr import console, os_images, seed
 from vmmgr.addresses import pool_for
 from vmmgr.lab_net import CLIENT_NS
 
-from .conftest import cli
+from .conftest import VMMGR, cli
 from .test_faults import faults
 
 BOOT_TIMEOUT_S = 600  # TCG: Debian's kernel, systemd and cloud-init's first boot take minutes
@@ -135,6 +135,12 @@ def test_a_vm_from_the_image_logs_in_and_loses_nothing_it_writes_across_moves_an
         assert first.returncode == 0, first.stderr
         lines = first.stdout.splitlines()
         assert lines[0] == "disk1" and f"inet {address}/32" in lines[1]
+        # `vm ssh`: the same login from the CLI, the VM's host key pinned from its console
+        logged = cli("vm", "ssh", "disk1", "-i", str(key), "--", "hostname", "&&", "id", "-un",
+                     check_code=0)
+        assert logged.stdout.split() == ["disk1", seed.USER]
+        assert address in (paths.home / "known_hosts" / "disk1").read_text()
+        assert "unknown VM 'nodisk'" in cli("vm", "ssh", "nodisk", check_code=3).stderr
 
         for target in ("host2", "host3"):
             cli("migrate", "disk1", "--to", target, check_code=0)
@@ -218,3 +224,99 @@ def test_a_disk_backed_vm_whose_worker_dies_mid_migration_ends_on_one_host_with_
         assert after.returncode == 0 and after.stdout == wrote.stdout, after.stdout + after.stderr
     finally:
         cli("vm", "destroy", "disk2")
+
+
+def test_the_training_demo_moved_four_times_ends_with_bit_identical_losses(
+        lab, fleet, paths, debian, tmp_path):
+    """`vmmgr demo training`, shortened: two VMs train data-parallel over TCP while they are
+    moved 4 times (one move a reclaim with no room anywhere: suspended to disk, resumed by the
+    fleet when room returns), an SSH session following the log throughout; their losses equal,
+    bit for bit, those of a pair that never moved. Nothing is left behind."""
+    plot = tmp_path / "losses.png"
+    proc = subprocess.run([VMMGR, "demo", "training", "--moves", "4", "--steps", "400",
+                           "--plot", str(plot)], capture_output=True, text=True, timeout=1800)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
+    assert "losses BIT-IDENTICAL after 4 moves" in out
+    assert "losses: 400 steps moved, 400 never moved" in out
+    assert "SSH session to train-a: held through every move" in out
+    moves = [line.split() for line in out.splitlines()
+             if line.startswith(("train-a ", "train-b "))]
+    assert len(moves) == 4 and {m[1] for m in moves} == {"live", "reclaim"}, out
+    assert {m[3] for m in moves} | {m[2] for m in moves} == {"host1", "host2", "host3"}
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for vm in ("train-a", "train-b", "still-a", "still-b", "filler-host1", "filler-host2"):
+        assert fleet.find(vm) is None and not fleet.is_suspended(vm), vm
+    hosts = {h["name"]: h["state"] for h in json.loads(cli("host", "list", "--json").stdout)}
+    assert set(hosts.values()) == {"active"}, hosts
+
+
+def _boot_id(key, address):
+    """The guest kernel's boot id once SSH answers (a new one after every boot)."""
+    deadline = time.monotonic() + BOOT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            proc = _ssh(key, address, "cat /proc/sys/kernel/random/boot_id", timeout=30)
+        except subprocess.TimeoutExpired:
+            continue
+        if proc.returncode == 0:
+            return proc.stdout.strip()
+        time.sleep(3)
+    raise AssertionError(f"no SSH on {address} in {BOOT_TIMEOUT_S} s")
+
+
+def test_stop_start_reboot_and_a_stopped_vm_leaving_a_reclaimed_host(
+        lab, fleet, paths, debian, make_vm, tmp_path):
+    """The lifecycle a user expects: a clean stop keeps the VM (shut off, on its host, its disk
+    and address kept); a reclaim moves the stopped VM's definition, not a running copy; start
+    boots it where it now is, with what it wrote; reboot reboots it in place. Requests its state
+    does not allow are refused with nothing changed."""
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    cli("vm", "create", "life1", "--image", "debian-12", "--memory", "256", "--host", "host3",
+        "--ssh-key", f"{key}.pub", check_code=0)
+    make_vm("life2", host="host1")  # the built-in guest: no OS to ask
+    try:
+        _wait_console(paths, "life1", "finished at")
+        address = pool_for(paths).address_of("life1")
+        first = _boot_id(key, address)
+        assert _ssh(key, address, "echo kept > note; sync").returncode == 0
+
+        assert "life1 stopped on host3" in cli("vm", "stop", "life1", check_code=0).stdout
+        listed = {v["name"]: v for v in json.loads(cli("vm", "list", "--json").stdout)}
+        assert (listed["life1"]["host"], listed["life1"]["state"]) == ("host3", "shutoff")
+        assert fleet.system_disk_path("life1").is_file()
+        for args, message in ((["vm", "stop", "life1"], "stop needs it running"),
+                              (["vm", "reboot", "life1"], "reboot needs it running"),
+                              (["vm", "ssh", "life1", "--", "true"], "is not running"),
+                              (["vm", "stop", "life2"], "built-in counter guest"),
+                              (["vm", "start", "life2"], "start needs it shutoff"),
+                              (["vm", "stop", "ghost"], "unknown VM 'ghost'")):
+            proc = cli(*args)
+            assert proc.returncode in (3, 4) and message in proc.stderr, (args, proc.stderr)
+        assert [g.state() for g in fleet.find_all("life1")] == ["shutoff"]
+
+        report = json.loads(cli("host", "reclaim", "host3", "--json", check_code=0).stdout)
+        assert report["migrated"] == ["life1"] and not report["failed"], report
+        copies = fleet.find_all("life1")
+        assert len(copies) == 1 and copies[0].host_name != "host3"
+        assert copies[0].state() == "shutoff"  # moved as it was: nothing booted
+        cli("host", "enable", "host3", check_code=0)
+
+        started = cli("vm", "start", "life1", check_code=0)
+        assert f"life1 running on {copies[0].host_name}" in started.stdout
+        second = _boot_id(key, address)
+        assert second != first
+        assert _ssh(key, address, "cat note").stdout.strip() == "kept"
+
+        cli("vm", "reboot", "life1", check_code=0)
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        while (third := _boot_id(key, address)) == second:
+            assert time.monotonic() < deadline, "the VM did not reboot"
+            time.sleep(3)
+        assert [g.host_name for g in fleet.find_all("life1")] == [copies[0].host_name]
+        assert _ssh(key, address, "cat note").stdout.strip() == "kept" and third
+    finally:
+        cli("host", "enable", "host3")
+        cli("vm", "destroy", "life1")
+        cli("vm", "destroy", "life2")

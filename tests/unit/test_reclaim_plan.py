@@ -62,7 +62,9 @@ def test_under_a_deadline_a_failed_move_is_parked_not_left_behind(mocker):
 
     outcome = reclaim.EvacuationReport("h1", [], [], {}, 0.0)
     report = _Report()
-    reclaim._carry_out(object(), steps, outcome, 2, 2, True, report)
+    fleet = mocker.Mock()
+    fleet.find.return_value = mocker.Mock(is_active=lambda: True)  # running: it migrates
+    reclaim._carry_out(fleet, steps, outcome, 2, 2, True, report)
     assert sorted(outcome.suspended) == ["a", "b"] and outcome.failed == {}
     # Each step goes through the operation's one body (which takes the lock and keeps records),
     # in the reclaim's report; a VM that could not move is parked, not left behind.
@@ -74,8 +76,28 @@ def test_under_a_deadline_a_failed_move_is_parked_not_left_behind(mocker):
     # Without a deadline (drain) nothing is suspended: the failure is reported, the VM stays.
     parked.reset_mock()
     outcome = reclaim.EvacuationReport("h1", [], [], {}, 0.0)
-    reclaim._carry_out(object(), steps[:1], outcome, 2, 2, False, _Report())
+    reclaim._carry_out(fleet, steps[:1], outcome, 2, 2, False, _Report())
     assert outcome.suspended == [] and outcome.failed == {"a": "link down"}
+    parked.assert_not_called()
+
+
+def test_a_stopped_vm_leaves_by_its_definition_or_stays_when_there_is_no_room(mocker):
+    from vmmgr import operations, reclaim
+
+    migrated = mocker.patch.object(operations, "migrate")
+    parked = mocker.patch.object(operations, "suspend")
+    relocated = mocker.patch.object(operations, "relocate_stopped")
+    fleet = mocker.Mock()
+    fleet.find.return_value = mocker.Mock(is_active=lambda: False, host_name="h1")
+    outcome = reclaim.EvacuationReport("h1", [], [], {}, 0.0)
+    report = _Report()
+    reclaim._carry_out(fleet, [Step("a", "migrate", "h2", ""), Step("b", "suspend", None, "")],
+                       outcome, 2, 2, True, report)
+    # Nothing runs, so nothing migrates or is saved: a stopped VM's definition moves...
+    assert relocated.call_args.args[1:] == (report, "a", "h2") and outcome.migrated == ["a"]
+    # ...and with no room anywhere it stays where it is, said plainly, never booted or lost.
+    assert "b is stopped and no other host has room" in outcome.failed["b"]
+    migrated.assert_not_called()
     parked.assert_not_called()
 
 

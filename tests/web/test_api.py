@@ -15,7 +15,8 @@ ACTIONS = [("post", "/api/v1/hosts/host1/drain"), ("post", "/api/v1/hosts/host1/
            ("post", "/api/v1/hosts/host1/enable"), ("post", "/api/v1/vms"),
            ("delete", "/api/v1/vms/vm1"), ("post", "/api/v1/vms/vm1/migrate"),
            ("post", "/api/v1/vms/vm1/cancel"), ("post", "/api/v1/vms/vm1/suspend"),
-           ("post", "/api/v1/vms/vm1/resume")]
+           ("post", "/api/v1/vms/vm1/resume"), ("post", "/api/v1/vms/vm1/stop"),
+           ("post", "/api/v1/vms/vm1/start"), ("post", "/api/v1/vms/vm1/reboot")]
 
 
 def auth(token: str) -> dict:
@@ -101,6 +102,12 @@ def test_unknown_things_are_404(app, tokens, url, message):
     ("post", "/api/v1/vms/vm1/resume", {"host": "../x"}, 400, "invalid host name"),
     ("post", "/api/v1/vms/vm1/resume", None, 404, "unknown VM 'vm1'"),
     ("delete", "/api/v1/vms/vm1", None, 404, "unknown VM 'vm1'"),
+    ("post", "/api/v1/vms/vm1/stop", {"timeout": 0}, 400, "field 'timeout': should be greater"),
+    ("post", "/api/v1/vms/vm1/stop", {"timeout": 5000}, 400, "field 'timeout': should be less"),
+    ("post", "/api/v1/vms/vm1/stop", {"force": True}, 400, "unknown field(s): force"),
+    ("post", "/api/v1/vms/vm1/stop", None, 404, "unknown VM 'vm1'"),
+    ("post", "/api/v1/vms/vm1/start", None, 404, "unknown VM 'vm1'"),
+    ("post", "/api/v1/vms/vm1/reboot", None, 404, "unknown VM 'vm1'"),
     ("post", "/api/v1/hosts/h1/drain", {"timeout": 0}, 400,
      "field 'timeout': should be greater than 0"),
     ("post", "/api/v1/hosts/h1/drain", {"timeout": "5"}, 400, "field 'timeout' must be a number"),

@@ -14,7 +14,8 @@ from .conftest import PASSWORD, csrf_of
 PAGES = ["/", "/vms", "/events", "/vms/vm1", "/vms/vm1/summary", "/vms/vm1/progress",
          "/vms/vm1/console"]
 ACTIONS = ["/vms", "/vms/vm1/migrate", "/vms/vm1/cancel", "/vms/vm1/suspend", "/vms/vm1/resume",
-           "/vms/vm1/destroy", "/hosts/host1/drain", "/hosts/host1/reclaim",
+           "/vms/vm1/destroy", "/vms/vm1/stop", "/vms/vm1/start", "/vms/vm1/reboot",
+           "/hosts/host1/drain", "/hosts/host1/reclaim",
            "/hosts/host1/enable"]
 
 
@@ -94,6 +95,9 @@ def test_actions_need_the_csrf_token(as_role, url):
     ("/vms/vm1/suspend", {}, "unknown VM &#39;vm1&#39;"),
     ("/vms/vm1/resume", {}, "unknown VM &#39;vm1&#39;"),
     ("/vms/vm1/destroy", {}, "unknown VM &#39;vm1&#39;"),
+    ("/vms/vm1/stop", {}, "unknown VM &#39;vm1&#39;"),
+    ("/vms/vm1/start", {}, "unknown VM &#39;vm1&#39;"),
+    ("/vms/vm1/reboot", {}, "unknown VM &#39;vm1&#39;"),
     ("/hosts/host1/drain", {}, "unknown host &#39;host1&#39;"),
     ("/hosts/host1/reclaim", {}, "unknown host &#39;host1&#39;"),
     ("/hosts/host1/reclaim", {"deadline": "soon"}, "is not a duration"),

@@ -1,15 +1,18 @@
-"""`vmmgr vm ...`: create, inspect, suspend, resume and remove VMs."""
+"""`vmmgr vm ...`: create, inspect, log in to, stop, start, reboot, suspend, resume and remove
+VMs."""
 
+import os
 import sys
 import time
 from pathlib import Path
 
 import click
 
-from .. import admission, console, display, overview, requests, suspend as suspension, workloads
+from .. import (admission, console, display, guest_ssh, overview, requests, suspend as suspension,
+               workloads)
 from ..addresses import pool_for
 from ..edge import Edge
-from ..errors import InvalidRequest
+from ..errors import Conflict, InvalidRequest
 from ..fleet import Fleet
 from ..images import ensure_builtin
 from ..paths import Paths
@@ -194,6 +197,39 @@ def vm_console(paths: Paths, name: str, follow: bool) -> None:
         pass
 
 
+@vm.command("ssh", context_settings={"ignore_unknown_options": True})
+@click.argument("name")
+@click.option("-i", "identity", type=click.Path(path_type=Path), metavar="FILE",
+              help="The private key of the --ssh-key given at create (default: ssh's own).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.pass_obj
+def vm_ssh(paths: Paths, name: str, identity: Path | None, command: tuple[str, ...]) -> None:
+    """Log in to a VM from an image (or run COMMAND there, after --, as ssh would) at its
+    stable address, through the edge, with the VM's host keys pinned from its console."""
+    with Fleet(paths) as fleet:
+        admission.known_vm(fleet, name)
+        guest = fleet.find(name)
+        if guest is None or not guest.is_active():
+            raise Conflict(f"{name} is not running (vm list shows its state)")
+        lab = fleet.host(guest.host_name).record.lab
+    address = pool_for(paths).address_of(name) if pool_for(paths) else None
+    if address is None:
+        raise Conflict(f"{name} has no stable address")
+    keys = guest_ssh.host_keys(console.read(paths.consoles, name).decode(errors="replace"))
+    if not keys:
+        raise Conflict(f"{name} printed no SSH host keys on its console (cloud-init prints them "
+                       f"when the VM first boots an image: is it up yet?)")
+    if identity is not None and not identity.is_file():
+        raise InvalidRequest(f"cannot read the key file {identity}")
+    known = paths.home / "known_hosts" / name
+    known.parent.mkdir(mode=0o700, exist_ok=True)
+    known.write_text(guest_ssh.known_hosts(address, keys))
+    argv = guest_ssh.argv(identity, address, " ".join(command),
+                          guest_ssh.lab_prefix() if lab else [], known_hosts_file=known,
+                          tty=not command and sys.stdin.isatty())
+    os.execvp(argv[0], argv)
+
+
 @vm.command("suspend")
 @click.argument("name")
 @click.option("--mode", type=click.Choice(suspension.MODES),
@@ -247,3 +283,44 @@ def vm_destroy(paths: Paths, name: str, wait: bool) -> None:
     result = run_request(paths, req, wait=wait)
     if result:
         click.echo(f"{name} destroyed on {result['host']}")
+
+
+@vm.command("stop")
+@click.argument("name")
+@click.option("--timeout", type=float, default=None, metavar="SECONDS",
+              help="How long its OS gets to shut down (default 120).")
+@wait_option
+@click.pass_obj
+def vm_stop(paths: Paths, name: str, timeout: float | None, wait: bool) -> None:
+    """Shut a VM down cleanly; it keeps its host, disk and address until `vm start`."""
+    with Fleet(paths) as fleet:
+        req = requests.stop(fleet, name, timeout)
+    result = run_request(paths, req, wait=wait)
+    if result:
+        click.echo(f"{name} stopped on {result['host']}")
+
+
+@vm.command("start")
+@click.argument("name")
+@wait_option
+@click.pass_obj
+def vm_start(paths: Paths, name: str, wait: bool) -> None:
+    """Boot a stopped VM again."""
+    with Fleet(paths) as fleet:
+        req = requests.start(fleet, name)
+    result = run_request(paths, req, wait=wait)
+    if result:
+        click.echo(f"{name} running on {result['host']}")
+
+
+@vm.command("reboot")
+@click.argument("name")
+@wait_option
+@click.pass_obj
+def vm_reboot(paths: Paths, name: str, wait: bool) -> None:
+    """Ask a VM's OS to reboot (it stays on its host, with everything it wrote)."""
+    with Fleet(paths) as fleet:
+        req = requests.reboot(fleet, name)
+    result = run_request(paths, req, wait=wait)
+    if result:
+        click.echo(f"{name} rebooting on {result['host']}")
