@@ -30,6 +30,8 @@ class _Seen:
         row = self.vm(name)
         if row["host"] == "-":
             raise Conflict(f"VM {name!r} is {row['state']}: resume it first")
+        if row["state"] == "shutoff":
+            raise Conflict(f"VM {name!r} is stopped on {row['host']}: `vm start` it first")
         return row
 
     def room(self, fleet: Fleet, host: str) -> Capacity:
@@ -95,6 +97,9 @@ def running_vm(fleet: Fleet, vm: str) -> str:
     row = _Seen(fleet).vm(vm)
     if row["host"] == "-":
         raise Conflict(f"VM {vm!r} is already suspended")
+    if row["state"] == "shutoff":
+        raise Conflict(f"VM {vm!r} is stopped on {row['host']}: there is nothing running to "
+                       f"suspend or move")
     return row["host"]
 
 

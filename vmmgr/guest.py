@@ -161,8 +161,14 @@ class Guest:
         return float(values.get("dirtyrate.megabytes_per_second", 0))
 
     def has_job(self) -> bool:
+        """Whether libvirt runs a job on it; a shut-off VM (a stopped one) has none."""
         with translated(f"job of {self.name}"):
-            return self._dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE
+            try:
+                return self._dom.jobInfo()[0] != libvirt.VIR_DOMAIN_JOB_NONE
+            except libvirt.libvirtError:
+                if not self._dom.isActive():  # libvirt: "domain is not running"
+                    return False
+                raise
 
     def resume(self) -> None:
         with translated(f"resume {self.name}"):

@@ -291,6 +291,8 @@ def test_stop_start_reboot_and_a_stopped_vm_leaving_a_reclaimed_host(
                               (["vm", "ssh", "life1", "--", "true"], "is not running"),
                               (["vm", "stop", "life2"], "built-in counter guest"),
                               (["vm", "start", "life2"], "start needs it shutoff"),
+                              (["migrate", "life1", "--to", "host1"], "is stopped on host3"),
+                              (["vm", "suspend", "life1"], "is stopped on host3"),
                               (["vm", "stop", "ghost"], "unknown VM 'ghost'")):
             proc = cli(*args)
             assert proc.returncode in (3, 4) and message in proc.stderr, (args, proc.stderr)
