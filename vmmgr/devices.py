@@ -21,6 +21,7 @@ from .spec import NAME_RE
 XMLNS = "https://vmmgr.dev/xmlns/vm/1"
 PCI_RE = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
 KINDS = ("vfio", "standin")
+FIRST_DEVICE_SLOT = 0x10  # guest PCI slot of a VM's first passed-through device
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,13 @@ def assign(domain_xml: str, devices: list[Device], host: str) -> str:
     devs = root.find("./devices")
     for el in devs.findall("hostdev") + devs.findall("shmem"):
         devs.remove(el)
-    for d in devices:
+    for i, d in enumerate(devices):
         ET.SubElement(meta, f"{{{XMLNS}}}device", address=d.address, model=d.model, kind=d.kind)
-        devs.append(_element(d, host))
+        el = _element(d, host)
+        # The i-th device at the same guest address on every host (see the domain template).
+        ET.SubElement(el, "address", type="pci", domain="0x0000", bus="0x00",
+                      slot=f"0x{FIRST_DEVICE_SLOT + i:02x}", function="0x0")
+        devs.append(el)
     return ET.tostring(root, encoding="unicode")
 
 

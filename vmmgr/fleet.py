@@ -294,7 +294,8 @@ class Fleet:
         mac = mac_for(spec.address) if spec.address else ""
         seed.write(seed_file, {
             "meta-data": seed.meta_data(spec.uuid, spec.name),
-            "user-data": seed.user_data(spec.ssh_keys, spec.user_data),
+            "user-data": seed.user_data(spec.ssh_keys, spec.user_data,
+                                        hibernation_swap=bool(spec.gpu_count)),
             "network-config": seed.network_config(mac, spec.address, spec.gateway),
         })
         return replace(spec, disk=str(disk), seed=str(seed_file))

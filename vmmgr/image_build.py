@@ -74,11 +74,34 @@ LABEL debian
   APPEND root=UUID={uuid} ro console=tty0 console=ttyS0,115200
 """
 FSTAB = "UUID={uuid} / ext4 errors=remount-ro 0 1\n"
+# A VM that moves by guest hibernation (it holds passed-through devices) has a swap disk with the
+# serial vmmgr-swap (the domain template; the seed makes it swap). Booting on its new host, its
+# initramfs restores the image written there, before the root filesystem is mounted; a boot
+# without such a disk, or with plain swap on it, goes on as usual.
+INITRAMFS_RESUME = """\
+#!/bin/sh
+PREREQ=""
+prereqs() { echo "$PREREQ"; }
+case "$1" in prereqs) prereqs; exit 0 ;; esac
+# klibc's tools only (no busybox in this initramfs): cat, blkid, the shell's own expansions.
+. /scripts/functions
+wait_for_udev 10
+[ -e /sys/power/resume ] || exit 0
+for b in /sys/class/block/vd*; do
+	[ "$(cat "$b/serial" 2>/dev/null)" = vmmgr-swap ] || continue
+	[ "$(blkid -o value -s TYPE "/dev/${b##*/}" 2>/dev/null)" = swsuspend ] || exit 0
+	log_begin_msg "vmmgr: resuming from the hibernation image on ${b##*/}"
+	cat "$b/dev" > /sys/power/resume  # returns only if it could not resume
+	log_failure_msg "vmmgr: could not resume from ${b##*/}"
+	exit 0
+done
+"""
+INITRAMFS_RESUME_PATH = "etc/initramfs-tools/scripts/local-premount/vmmgr-resume"
 
 
 def recipe_hash(recipe: Recipe) -> str:
     text = json.dumps([recipe.suite, recipe.base, recipe.packages, recipe.disk_gib, CLOUD_CFG,
-                       INTERFACES, EXTLINUX_CONF, FSTAB, 2])
+                       INTERFACES, EXTLINUX_CONF, FSTAB, INITRAMFS_RESUME, 3])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -136,6 +159,11 @@ def _make_disk(raw: Path, recipe: Recipe, mnt: Path, log) -> None:
         log(f"debootstrap {recipe.suite} from {mirror}")
         _run(["debootstrap", "--variant=minbase", f"--include={','.join(recipe.base)}",
               recipe.suite, str(mnt), mirror], timeout=1800)
+        # Before the kernel's package makes the initramfs, so that it holds the script.
+        script = mnt / INITRAMFS_RESUME_PATH
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text(INITRAMFS_RESUME)
+        script.chmod(0o755)
         log(f"installing {len(recipe.packages)} packages in the image (a few minutes)")
         _install(mnt, recipe, mirror)
         _configure(mnt, fs_uuid)

@@ -29,18 +29,31 @@ def meta_data(instance_id: str, hostname: str) -> str:
     return json.dumps({"instance-id": instance_id, "local-hostname": hostname}) + "\n"
 
 
-def vmmgr_cloud_config(ssh_keys: tuple[str, ...]) -> str:
+SWAP_DEVICE = "/dev/disk/by-id/virtio-vmmgr-swap"  # the swap disk's serial (domain template)
+# Every boot: the hibernation swap disk enabled, made swap first unless it already is. By the time
+# this runs the initramfs has had its one chance to resume from the disk, so a hibernation image
+# still on it (blkid: swsuspend) is stale: it is overwritten, never left for a later boot to
+# resume from a filesystem that has changed since.
+SWAP_ON = (f"if [ -e {SWAP_DEVICE} ]; then "
+           f"[ \"$(blkid -o value -s TYPE {SWAP_DEVICE})\" = swap ] || "
+           f"mkswap -L vmmgr-swap {SWAP_DEVICE}; swapon {SWAP_DEVICE} || true; fi")
+
+
+def vmmgr_cloud_config(ssh_keys: tuple[str, ...], hibernation_swap: bool = False) -> str:
     config = {
         "users": [{"name": USER, "shell": "/bin/bash", "sudo": "ALL=(ALL) NOPASSWD:ALL",
                    "lock_passwd": True, "ssh_authorized_keys": list(ssh_keys)}],
         "ssh_pwauth": False,
         "locale": "C.UTF-8",
     }
+    if hibernation_swap:
+        config["bootcmd"] = [["sh", "-c", SWAP_ON]]
     return "#cloud-config\n" + json.dumps(config, indent=1) + "\n"  # JSON is YAML
 
 
-def user_data(ssh_keys: tuple[str, ...], users_own: str = "") -> str:
-    ours = vmmgr_cloud_config(ssh_keys)
+def user_data(ssh_keys: tuple[str, ...], users_own: str = "", hibernation_swap: bool = False
+              ) -> str:
+    ours = vmmgr_cloud_config(ssh_keys, hibernation_swap)
     if not users_own:
         return ours
     parts = MIMEMultipart()

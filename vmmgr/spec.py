@@ -152,9 +152,6 @@ def make_spec(
 
         if kernel or initrd:
             raise InvalidRequest("a VM boots either an OS image or a kernel, not both")
-        if gpu_count:
-            raise InvalidRequest("passed-through devices are not yet supported on VMs from "
-                                 "OS images")
         stored = os_images.get(image_root, validate_name(image, "image"))  # NotFound
         smallest = -(-stored.virtual_size // 2**30)
         disk_gib = disk_gib or smallest

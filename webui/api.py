@@ -7,7 +7,7 @@ once with `{"error": {"code", "message"}}` and change nothing. The OpenAPI docum
 
 from flask import Blueprint, g, jsonify, request, url_for
 
-from vmmgr import audit, os_images, overview, requests
+from vmmgr import audit, guest_ssh, os_images, overview, requests, seed
 from vmmgr.errors import InvalidRequest, NotFound, VmmgrError
 from vmmgr.spec import validate_name
 
@@ -127,7 +127,9 @@ def create_vm():
             fleet, data["name"], data["image"], memory_mib=data.get("memory_mib", 512),
             vcpus=data.get("vcpus", 1), host=data.get("host"),
             disk_gib=data.get("disk_gib") or 0, ssh_keys=data.get("ssh_keys") or (),
-            user_data=data.get("user_data") or "", group=data.get("group", "")))
+            user_data=data.get("user_data") or "", group=data.get("group", ""),
+            gpu_model=data.get("gpu_model", ""),
+            gpu_count=data.get("gpu_count", 1 if data.get("gpu_model") else 0)))
     return act(lambda fleet: requests.create(
         fleet, data["name"], workload=data.get("workload") or "counter",
         params=data.get("params"), memory_mib=data.get("memory_mib", 128),
@@ -158,6 +160,19 @@ def vm_targets(name):
     validate_name(name)
     with backend.fleet() as fleet:
         return jsonify(overview.targets(fleet, name))
+
+
+@bp.get("/vms/<name>/ssh")
+@api_role("viewer")
+def vm_ssh(name):
+    validate_name(name)
+    with backend.fleet() as fleet:
+        row = overview.vm_row(fleet, name)  # NotFound for an unknown VM
+    address = row["address"] if row.get("address", "-") != "-" else None
+    keys = backend.ssh_host_keys(name)
+    return jsonify({"user": seed.USER, "address": address, "host_keys": keys,
+                    "known_hosts": guest_ssh.known_hosts(address, keys) if address else "",
+                    "command": f"ssh {seed.USER}@{address}" if address else ""})
 
 
 @bp.get("/vms/<name>/migrations")

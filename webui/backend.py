@@ -13,7 +13,7 @@ from flask import current_app, g, request
 from tasks import client
 from tasks.app import CONTROL_QUEUE, app as celery_app, host_queue, use_broker
 from tasks.runtime import LockSpec
-from vmmgr import audit, console, usage
+from vmmgr import audit, console, guest_ssh, usage
 from vmmgr.errors import InvalidRequest
 from vmmgr.fleet import Fleet
 from vmmgr.paths import Paths
@@ -127,6 +127,11 @@ def progress_stream(vm: str) -> Iterator[dict]:
             yield snap
             last = snap
         time.sleep(0.4)
+
+
+def ssh_host_keys(vm: str) -> list[str]:
+    """The SSH host keys the VM printed on its console at first boot (a VM from an OS image)."""
+    return guest_ssh.host_keys(console.read(paths().consoles, vm).decode(errors="replace"))
 
 
 def console_stream(vm: str, tail: int = 65536) -> Iterator[str]:

@@ -62,6 +62,9 @@ SCHEMAS = {
 }
 SCHEMAS["Image"] = _obj({"name": STR, "format": STR, "virtual_size": INT, "size": INT,
                          "sha256": STR, "source": STR, "created": NUM, "recipe": STR})
+SCHEMAS["SSHLogin"] = _obj({"user": STR, "address": _nullable(STR), "host_keys": {
+    "type": "array", "items": STR}, "known_hosts": STR, "command": STR},
+    ["user", "address", "host_keys", "known_hosts", "command"])
 SCHEMAS["UsageReport"] = _obj({"since": NUM, "until": NUM, "vms": {"type": "array", "items": _obj(
     {"vm": STR, **{k: NUM for k in ("running", "migrating", "blackout", "suspended", "parked",
                                     "hibernated", "stopped")}}, ["vm"])}},
@@ -173,6 +176,10 @@ def document() -> dict:
             (200, _list("Target"), "Targets, those with room first"), READ)},
         "/vms/{name}/migrations": {"get": _op("The VM's migration attempts",
                                               (200, _list("Migration"), "Attempts"), READ)},
+        "/vms/{name}/ssh": {"get": _op(
+            "How to log in to a VM from an OS image: its user and address, and its SSH host "
+            "keys as it printed them at first boot (empty until then), to pin",
+            (200, _ref("SSHLogin"), "Login"), READ)},
         "/vms/{name}/migrate": _action("Live-migrate the VM", "migrate"),
         "/vms/{name}/cancel": _action("Abort the VM's running migration; it stays where it was",
                                       "empty"),

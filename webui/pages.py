@@ -98,7 +98,8 @@ def vm(name):
                            migrations=redact.deep(list(reversed(st.migrations(name)))),
                            operation=backend.operation(name),
                            events=redact.deep(st.events(200, vm=name)[-20:]),
-                           policies=POLICIES, default_policy=DEFAULT_POLICY)
+                           policies=POLICIES, default_policy=DEFAULT_POLICY,
+                           host_keys=backend.ssh_host_keys(name))
 
 
 @bp.get("/vms/<name>/summary")
@@ -210,7 +211,9 @@ def vm_create():
                 f, request.form.get("name", "").strip(), request.form["image"],
                 memory_mib=_int("memory_mib", 512), vcpus=_int("vcpus", 1),
                 host=request.form.get("host") or None, disk_gib=_int("disk_gib", 0),
-                ssh_keys=keys, user_data=request.form.get("user_data", "").replace("\r\n", "\n"))
+                ssh_keys=keys, user_data=request.form.get("user_data", "").replace("\r\n", "\n"),
+                gpu_model=request.form.get("gpu_model", ""),
+                gpu_count=1 if request.form.get("gpu_model") else 0)
         params = {}
         for word in request.form.get("params", "").split():
             key, sep, value = word.partition("=")

@@ -322,3 +322,49 @@ def test_stop_start_reboot_and_a_stopped_vm_leaving_a_reclaimed_host(
         cli("host", "enable", "host3")
         cli("vm", "destroy", "life1")
         cli("vm", "destroy", "life2")
+
+
+def test_a_vm_from_the_image_with_a_device_moves_by_hibernating_into_its_own_kernel(
+        lab, fleet, paths, debian, tmp_path):
+    """A VM from debian-12 holding a (stand-in) GPU cannot be live-migrated. A reclaim of its
+    host asks Debian's qemu-guest-agent to hibernate it into its swap disk, then boots it on the
+    other host with a device, where the image's initramfs restores it: the same kernel session
+    (its boot id), the process it ran still running and counting on, its device at the same
+    guest PCI address."""
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    cli("vm", "create", "hib1", "--image", "debian-12", "--memory", "384", "--gpu", "lab-gpu",
+        "--host", "host1", "--ssh-key", f"{key}.pub", check_code=0)
+    look = ("cat /proc/sys/kernel/random/boot_id; kill -0 $(cat counter.pid) && echo alive; "
+            "cat count; grep -l 0x1110 /sys/bus/pci/devices/*/device; "
+            "awk 'NR > 1 { print $1 }' /proc/swaps")  # 0x1110: ivshmem, the stand-in's id
+    try:
+        _wait_console(paths, "hib1", "finished at")
+        address = pool_for(paths).address_of("hib1")
+        started = _ssh(key, address, "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > count; "
+                       "sleep 0.5; done' >/dev/null 2>&1 & echo $! > counter.pid; sleep 2; " + look)
+        assert started.returncode == 0, started.stderr
+        boot_id, alive, count, device, swap = started.stdout.split()
+        assert alive == "alive" and device == "/sys/bus/pci/devices/0000:00:10.0/device"
+        assert swap.startswith("/dev/vd")  # the seed's bootcmd made the swap disk swap
+
+        report = json.loads(cli("host", "reclaim", "host1", "--json", check_code=0).stdout)
+        assert report["hibernated"] == ["hib1"] and not report["failed"], report
+        assert [g.host_name for g in fleet.find_all("hib1")] == ["host2"]
+        _wait_console(paths, "hib1", "vmmgr: resuming from the hibernation image", timeout=60)
+        after = None
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            after = _ssh(key, address, look, timeout=60)
+            if after.returncode == 0:
+                break
+            time.sleep(3)
+        assert after.returncode == 0, after.stderr
+        boot_id2, alive2, count2, device2, swap2 = after.stdout.split()
+        assert boot_id2 == boot_id, "it booted anew instead of resuming"
+        assert alive2 == "alive" and int(count2) > int(count)
+        assert device2 == device and swap2 == swap
+    finally:
+        cli("host", "enable", "host1")
+        cli("vm", "destroy", "hib1")
+    assert not any(p.exists() for p in fleet.vm_files("hib1"))

@@ -29,6 +29,12 @@ def spec(**over) -> VMSpec:
     ("address-tcg", "tcg", {"address": "10.78.0.7", "gateway": "10.78.0.1"}),
     ("gpu-kvm", "kvm", {"gpu_model": "a100-80g", "gpu_count": 1,
                         "swap_disk": "/srv/vmmgr/storage/disks/web-1-swap.img"}),
+    ("image-gpu-tcg", "tcg", {"kernel": None, "initrd": None, "cmdline": "", "workload": "",
+                              "image": "debian-12", "disk": "/srv/vmmgr/storage/disks/web-1.qcow2",
+                              "seed": "/srv/vmmgr/storage/disks/web-1-seed.iso",
+                              "address": "10.78.0.7", "gateway": "10.78.0.1",
+                              "gpu_model": "a100-80g", "gpu_count": 1,
+                              "swap_disk": "/srv/vmmgr/storage/disks/web-1-swap.img"}),
 ])
 def test_domain_xml_matches_golden(case, accel, over, regen_golden):
     xml = domain_xml(spec(**over), accel=accel,
@@ -76,3 +82,28 @@ def test_a_job_is_kept_in_the_metadata_and_survives_a_console_move():
     assert group_of(xml) == "train-7"
     assert group_of(set_console_path(xml, Path("/d.log"))) == "train-7"
     assert group_of(domain_xml(spec(), accel="tcg", console_path=Path("/c.log"))) == ""
+
+
+def test_every_device_has_its_fixed_guest_pci_slot():
+    """So the guest sees the same hardware at the same place on every host (and a passed-through
+    device comes back where it was after a move)."""
+    from vmmgr import devices
+    xml = domain_xml(spec(kernel=None, initrd=None, cmdline="", workload="", image="debian-12",
+                          disk="/d.qcow2", seed="/s.iso", address="10.78.0.7",
+                          gateway="10.78.0.1", gpu_model="a100-80g", gpu_count=2,
+                          swap_disk="/w.img"),
+                     accel="tcg", console_path=Path("/c/1.log"))
+    held = [devices.Device("0000:65:00.0", "a100-80g"), devices.Device("0000:66:00.0", "a100-80g")]
+    for host, addresses in (("h1", held), ("h2", list(reversed(held)))):
+        root = ET.fromstring(devices.assign(xml, addresses, host))
+        slots = {}
+        for el in root.find("./devices"):
+            a = el.find("./address")
+            if a is not None:
+                key = el.find("./target").get("dev") if el.tag == "disk" else f"{el.tag}{len(slots)}"
+                slots[key] = (a.get("bus"), a.get("slot"))
+        assert slots["vda"] == ("0x00", "0x04") and slots["vdb"] == ("0x00", "0x05")
+        assert slots["vdc"] == ("0x00", "0x07")
+        assert [v for k, v in slots.items() if k.startswith("hostdev")] == [
+            ("0x00", "0x10"), ("0x00", "0x11")]
+        assert ("0x00", "0x03") in slots.values() and ("0x00", "0x06") in slots.values()

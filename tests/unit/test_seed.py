@@ -70,3 +70,44 @@ def test_user_data_gives_the_key_and_merges_the_users_own_after_ours():
 def test_meta_data_names_the_instance_by_the_vms_uuid():
     assert json.loads(seed.meta_data("uuid-1", "vm1")) == {"instance-id": "uuid-1",
                                                            "local-hostname": "vm1"}
+
+
+def test_a_vm_with_devices_gets_its_hibernation_swap_made_and_enabled_at_boot(store, tmp_path):
+    """The seed's bootcmd makes the swap disk swap once and enables it at every boot. A
+    hibernation image still on it when userspace boots is stale (the initramfs did not resume
+    it): it is overwritten, so no later boot resumes it over a changed filesystem."""
+    spec = make_spec("vm1", memory_mib=512, vcpus=1, image_root=store, image="base",
+                     gpu_model="a100-80g", gpu_count=1)
+    assert spec.gpu_count == 1
+    assert "bootcmd" not in seed.user_data((KEY,))
+    config = json.loads(seed.user_data((KEY,), hibernation_swap=True).split("\n", 1)[1])
+    script = config["bootcmd"][0][2]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "swapon").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/swapon.log\n")
+    (fake / "swapon").chmod(0o755)
+
+    def boot(disk):
+        import os
+        import subprocess
+        env = {**os.environ, "PATH": f"{fake}:/usr/sbin:/sbin:{os.environ['PATH']}"}
+        subprocess.run(["sh", "-c", script.replace(seed.SWAP_DEVICE, str(disk))], env=env,
+                       check=True, capture_output=True)
+        return (tmp_path / "swapon.log").read_text() if (tmp_path / "swapon.log").exists() else ""
+
+    def fstype(disk):
+        import subprocess
+        return subprocess.run(["blkid", "-o", "value", "-s", "TYPE", str(disk)],
+                              capture_output=True, text=True).stdout.strip()
+
+    disk = tmp_path / "swap.img"
+    with disk.open("wb") as f:
+        f.truncate(8 * 2**20)
+    assert boot(disk) == f"{disk}\n" and fstype(disk) == "swap"  # first boot: made, enabled
+    made = disk.read_bytes()
+    assert boot(disk) == f"{disk}\n{disk}\n" and disk.read_bytes() == made  # not made again
+    with disk.open("r+b") as f:  # as the kernel leaves it after writing a hibernation image
+        f.seek(4096 - 10)
+        f.write(b"S1SUSPEND\0")
+    assert fstype(disk) == "swsuspend"
+    assert boot(disk).count(str(disk)) == 3 and fstype(disk) == "swap"  # the stale image gone

@@ -9,7 +9,8 @@ from vmmgr.state import FleetState
 from webui.openapi import document
 
 GETS = ["/api/v1/images", "/api/v1/hosts", "/api/v1/hosts/host1", "/api/v1/vms", "/api/v1/vms/vm1",
-        "/api/v1/vms/vm1/targets", "/api/v1/vms/vm1/migrations", "/api/v1/tasks",
+        "/api/v1/vms/vm1/targets", "/api/v1/vms/vm1/migrations", "/api/v1/vms/vm1/ssh",
+        "/api/v1/tasks",
         "/api/v1/tasks/abc", "/api/v1/events"]
 ACTIONS = [("post", "/api/v1/hosts/host1/drain"), ("post", "/api/v1/hosts/host1/reclaim"),
            ("post", "/api/v1/hosts/host1/enable"), ("post", "/api/v1/vms"),

@@ -179,3 +179,46 @@ def test_the_vms_page_shows_a_page_of_rows_and_links_the_next(as_role, redis_url
     assert seen == names
     r = client.get("/vms?after=../x")
     assert r.status_code == 400
+
+
+def test_a_vm_from_an_image_shows_how_to_log_in_and_its_power_buttons(as_role, redis_url, home):
+    """Its host keys as it printed them (what `vm ssh` pins); Stop and Reboot while it runs,
+    Start once it is shut off; a viewer sees the keys but no buttons."""
+    from vmmgr import view
+    from vmmgr.fleet import VMInfo
+
+    folder = home.consoles / "dev1"
+    folder.mkdir(parents=True)
+    (folder / "000001-host1.log").write_bytes(
+        b"boot\n-----BEGIN SSH HOST KEY KEYS-----\nssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIkey"
+        b" root@dev1\n-----END SSH HOST KEY KEYS-----\nlogin:\n")
+    st = FleetState(redis_url)
+    for state, shown, hidden in (("running", ["Stop (clean shutdown)", "Reboot"], [">Start<"]),
+                                 ("shutoff", [">Start<"], ["Stop (clean shutdown)", ">Reboot<"])):
+        st.replace_vm_views([view.guest_row(VMInfo("dev1", "h1", state, 512, 1, "",
+                                                   address="10.78.0.9"))])
+        html = as_role("operator").get("/vms/dev1").get_data(as_text=True)
+        assert 'id="login"' in html and "10.78.0.9 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIkey" in html
+        assert "vmmgr vm ssh dev1 -i KEY" in html
+        assert all(s in html for s in shown) and not any(s in html for s in hidden), state
+    viewer = as_role("viewer").get("/vms/dev1").get_data(as_text=True)
+    assert 'id="login"' in viewer and "Stop (clean shutdown)" not in viewer
+
+
+def test_the_api_gives_a_vms_login_with_its_host_keys(app, home, redis_url, tokens):
+    from vmmgr import view
+    from vmmgr.fleet import VMInfo
+    from .test_api import auth
+
+    (home.consoles / "dev2").mkdir(parents=True)
+    (home.consoles / "dev2" / "000001-host1.log").write_bytes(
+        b"-----BEGIN SSH HOST KEY KEYS-----\nssh-ed25519 AAAAkey root@dev2\n"
+        b"-----END SSH HOST KEY KEYS-----\n")
+    FleetState(redis_url).replace_vm_views([view.guest_row(VMInfo(
+        "dev2", "h1", "running", 512, 1, "", address="10.78.0.9"))])
+    r = app.test_client().get("/api/v1/vms/dev2/ssh", headers=auth(tokens["viewer"]))
+    assert r.status_code == 200, r.get_json()
+    assert r.get_json() == {"user": "vmmgr", "address": "10.78.0.9",
+                            "host_keys": ["ssh-ed25519 AAAAkey"],
+                            "known_hosts": "10.78.0.9 ssh-ed25519 AAAAkey\n",
+                            "command": "ssh vmmgr@10.78.0.9"}
