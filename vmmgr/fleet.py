@@ -247,10 +247,22 @@ class Fleet:
 
     def relocate_stopped(self, vm: str, target: str) -> Guest:
         """Move a stopped VM's definition to `target` (its disk is on shared storage): defined
-        there first, then undefined here, so some host always holds it; neither runs it."""
-        guest = self.locate(vm)
-        if guest.is_active():
+        there first, then undefined here, so some host always holds it; neither runs it. A run
+        cut short between the two is finished by the next: the target's copy stays."""
+        copies = self.find_all(vm, strict=True)
+        if not copies:
+            raise NotFound(f"unknown VM {vm!r}")
+        if any(g.is_active() for g in copies):
             raise Conflict(f"{vm} is running: it moves by migration")
+        moved = next((g for g in copies if g.host_name == target), None)
+        if moved is not None:
+            for g in copies:
+                if g is not moved:
+                    g.undefine()
+            self.state.set_vm(vm, state="shutoff", host=target, target="")
+            self.publish(vm)
+            return moved
+        guest = copies[0]
         if guest.device_needs()[1]:
             raise Conflict(f"{vm} is stopped and holds passed-through devices: start it to move "
                            f"it, or destroy it")

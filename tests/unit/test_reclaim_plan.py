@@ -145,3 +145,22 @@ def test_a_job_with_a_save_still_going_is_not_resumed_in_part(tmp_path):
     (tmp_path / "rank1" / RECORD).write_text("{}")
     assert saving_groups(tmp_path) == set()
     assert saving_groups(tmp_path / "absent") == set()
+
+
+def test_moving_a_stopped_vm_finishes_a_move_cut_short_between_define_and_undefine(mocker):
+    """Defined on the target, the worker died before undefining the source: the next run keeps
+    the target's copy and undefines the other, so exactly one host holds the VM."""
+    from vmmgr.fleet import Fleet
+
+    fleet = Fleet.__new__(Fleet)
+    source = mocker.Mock(host_name="h1", is_active=lambda: False)
+    target = mocker.Mock(host_name="h2", is_active=lambda: False)
+    mocker.patch.object(Fleet, "find_all", return_value=[source, target])
+    fleet.state = mocker.Mock()
+    mocker.patch.object(Fleet, "publish")
+    mocker.patch.object(Fleet, "host")
+    assert fleet.relocate_stopped("vm1", "h2") is target
+    source.undefine.assert_called_once()
+    target.undefine.assert_not_called()
+    fleet.host.assert_not_called()  # nothing defined anew
+    fleet.state.set_vm.assert_called_once_with("vm1", state="shutoff", host="h2", target="")
