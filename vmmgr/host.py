@@ -113,6 +113,10 @@ class Host:
         return self.record.accel
 
     @property
+    def connected(self) -> bool:
+        return self._conn is not None
+
+    @property
     def conn(self) -> libvirt.virConnect:
         if self._conn is not None and not self._listeners and not self.alive():
             self.close()  # its libvirtd restarted: a long-lived process opens a new connection

@@ -50,6 +50,8 @@ class FakeGuest:
 
 
 class FakeHost:
+    connected = True  # no connection to open ahead (Fleet.find_all's connect_all)
+
     def __init__(self, name, guest=None, answers=True, state="active"):
         self.name, self.guest, self.answers = name, guest, answers
         self.record = SimpleNamespace(state=state)
@@ -338,3 +340,38 @@ def test_a_save_whose_answer_was_lost_keeps_its_intent_for_recovery(tmp_path, mo
     with pytest.raises(HostUnreachable):
         suspend._suspend(fleet, "vm1", parked=False, mode="save")
     assert suspend.cut_short(fleet) == [] and not (tmp_path / "saves2" / "vm1").exists()
+
+
+def test_a_scan_opens_the_hosts_connections_side_by_side():
+    """find_all opens the connections not yet open at once, each in its own thread: the scan
+    waits for the slowest handshake, not their sum; one that fails is left to the scan."""
+    import threading
+
+    from vmmgr.fleet import connect_all
+
+    together, barrier = [], threading.Barrier(3, timeout=5)
+
+    class Closed:
+        connected = False
+
+        def __init__(self, fails=False):
+            self.fails = fails
+
+        @property
+        def conn(self):
+            barrier.wait()  # returns only once all three are opening at the same time
+            together.append(self)
+            if self.fails:
+                raise HostUnreachable("no answer")
+            return object()
+
+    class Open:
+        connected = True
+
+        @property
+        def conn(self):
+            raise AssertionError("an open connection is not opened again")
+
+    hosts = [Closed(), Closed(fails=True), Closed()]
+    connect_all([*hosts, Open()])  # the failure is not raised here
+    assert sorted(map(id, together)) == sorted(map(id, hosts))

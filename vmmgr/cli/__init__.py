@@ -4,10 +4,9 @@ Exit codes: 0 success, 1 failure, 2 bad request or usage, 3 not found, 4 conflic
 exists), 5 host unreachable, 6 migration failed or cancelled (the VM still runs on its source).
 """
 
-# Importing the command modules registers their commands on the root group.
-from . import (activity, demo, hosts, images, lab, migrate, net, notices, usage,  # noqa: E402,F401
-               users, vms)
-from .base import cli, main  # noqa: E402,F401
+# The command modules register their commands on the root group when first asked for
+# (`base.COMMAND_MODULES`).
+from .base import cli, main  # noqa: F401
 
 if __name__ == "__main__":
     main()
