@@ -1,8 +1,9 @@
 """The edge's routing: each VM's /32 goes down the WireGuard tunnel of the host that holds it.
 
 WireGuard routes by AllowedIPs: giving an address to one peer takes it from any other, in one
-`wg set`. So moving a VM's address is one command at the edge, made at the moment the VM resumes
-on its new host (the migration engine calls `route` from libvirt's lifecycle event).
+`wg set`. So moving a VM's address is one command at the edge, made the moment the VM pauses on
+its source for the switch-over (the migration engine calls `route` from libvirt's lifecycle
+event; what arrives meanwhile waits on the target until the VM resumes there).
 
 The edge is described by `$VMMGR_HOME/edge.json` (`lab up` writes it): its WireGuard interface,
 the command prefix that runs a command there, and each host's peer. The lab's prefix enters the

@@ -259,6 +259,8 @@ class _Migration:
         self.postcopy_started = False
         self.paused = False
         self.routed = False  # the edge sends the VM's address to the target
+        self.routing = threading.Lock()  # the switch-over's events against the call's end
+        self.routing_over = False
         self.last_stats: dict = {}
         self.progress_lost = False
 
@@ -303,15 +305,17 @@ class _Migration:
             self._apply(action)
         started_at, t0 = time.time(), time.monotonic()
         address = address_of(persistent)
-        switch = self._follow_switchover(address) if address else None
+        watches = self._follow_switchover(address) if address else []
         try:
             error = self._migrate(params, flags, watch)
         finally:
-            if switch is not None:
-                self.dest.unwatch(switch)
+            for host, token in watches:
+                host.unwatch(token)
+            with self.routing:
+                self.routing_over = True  # an event still in flight routes nothing now
         wall_ms = int((time.monotonic() - t0) * 1000)
         if error is not None:
-            if self.routed:  # it resumed on the target, then failed: its address goes back
+            if self.routed:  # routed to the target at the switch-over, then it failed
                 self.fleet.route_address(address, self.source)
             self._fail(error, segment)
         if address and not self.routed:  # no event came, or routing failed then: route it now
@@ -339,19 +343,39 @@ class _Migration:
             stored(lambda: self.fleet.route_address(address, self.target))
         return self._result(started_at, wall_ms)
 
-    def _follow_switchover(self, address: str) -> int:
-        """Move the VM's address at the edge the moment the VM resumes on the target: libvirt's
-        lifecycle event, not a poll after the fact (TCP would back off meanwhile)."""
-        def on_lifecycle(event: int, detail: int) -> None:
-            if event == libvirt.VIR_DOMAIN_EVENT_RESUMED and not self.routed:
+    def _follow_switchover(self, address: str) -> list:
+        """Move the VM's address at the edge the moment the source pauses for the switch-over
+        (libvirt's lifecycle event, not a poll after the fact), or at the latest when the VM
+        resumes on the target. From the pause on, what the edge sends the VM waits on the
+        target, whose route to the VM is in place from libvirt's prepare, in the kernel's queue
+        for the VM's neighbour entry and then the tap (QEMU reads neither while the VM is
+        paused), and reaches the VM the moment it resumes; what the VM sends on resuming is
+        let in at the edge at once. Routed only at the resume, both waited for the route
+        change, and what came in meanwhile was lost at the paused source (bench/stall.py).
+        Returns the (host, token) of each watch."""
+        def route(why: str) -> None:
+            with self.routing:
+                if self.routed or self.routing_over:
+                    return
                 try:
                     self.fleet.route_address(address, self.target)
                     self.routed = True
-                    self._event(f"address {address} routed to {self.target} at resume")
+                    self._event(f"address {address} routed to {self.target} {why}")
                 except Exception as err:  # e.g. the store is away: routed once the VM has moved
-                    self._event(f"could not route {address} to {self.target} at resume: {err}")
+                    self._event(f"could not route {address} to {self.target} {why}: {err}")
 
-        return self.dest.watch_lifecycle(self.guest.name, on_lifecycle)
+        def at_source(event: int, detail: int) -> None:
+            if (event == libvirt.VIR_DOMAIN_EVENT_SUSPENDED
+                    and detail == libvirt.VIR_DOMAIN_EVENT_SUSPENDED_MIGRATED):
+                route("as the source paused for the switch-over")
+
+        def at_target(event: int, detail: int) -> None:
+            if event == libvirt.VIR_DOMAIN_EVENT_RESUMED:
+                route("at resume")
+
+        source = self.fleet.host(self.source)
+        return [(source, source.watch_lifecycle(self.guest.name, at_source)),
+                (self.dest, self.dest.watch_lifecycle(self.guest.name, at_target))]
 
     def _migrate(self, params: dict, flags: int, watch: pol.Watch,
                  first: bool = True) -> Exception | None:
