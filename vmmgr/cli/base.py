@@ -34,8 +34,11 @@ def exit_now(code: int) -> None:
     it takes 40-90 ms (bench/hop.py's `result` phase) and does nothing a finished command needs
     once its output is flushed. A normal exit when a non-daemon thread still runs, which Python
     would wait for."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader gone (`vmmgr vm list | head -1`): nobody to tell
+            pass
     logging.shutdown()
     if any(t.is_alive() and not t.daemon and t is not threading.main_thread()
            for t in threading.enumerate()):
