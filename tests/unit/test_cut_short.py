@@ -375,3 +375,73 @@ def test_a_scan_opens_the_hosts_connections_side_by_side():
     hosts = [Closed(), Closed(fails=True), Closed()]
     connect_all([*hosts, Open()])  # the failure is not raised here
     assert sorted(map(id, together)) == sorted(map(id, hosts))
+
+
+def _switching_migration(tmp_path, mocker, domain_xml):
+    """A _Migration of vm1 from h1 to h2 over mocks, and the lifecycle callbacks it registers,
+    by host name: a test calls them in place of libvirt's events."""
+    from vmmgr.migration import _Migration
+    from vmmgr.policy import get_policy
+
+    guest = mocker.Mock(host_name="h1")
+    guest.name = "vm1"
+    guest.xml.return_value = domain_xml
+    guest.is_active.return_value = True
+    guest.state.return_value = "running"
+    guest.job_stats.return_value = {"type": 0}
+    hosts, callbacks = {}, {}
+
+    def host(name):
+        if name not in hosts:
+            h = mocker.Mock(record=SimpleNamespace(tls=True, lab=False),
+                            uri=f"qemu+tls://{name}/system")
+            h.watch_lifecycle.side_effect = lambda vm, cb, name=name: callbacks.setdefault(
+                name, cb) and 1
+            hosts[name] = h
+        return hosts[name]
+
+    fleet = mocker.Mock()
+    fleet.paths.consoles = tmp_path
+    fleet.host.side_effect = host
+    migration = _Migration(fleet, guest, "h2", get_policy(None), None, 0.01,
+                           mocker.Mock(lost=False))
+    return migration, guest, fleet, callbacks
+
+
+def test_an_address_moved_at_the_pause_goes_back_when_the_switch_over_fails(tmp_path, mocker):
+    """The address moves to the target as the source pauses for the switch-over; a switch-over
+    that then fails leaves the VM running on its source, and the address goes back there."""
+    import libvirt
+
+    from vmmgr.errors import MigrationFailed
+
+    migration, guest, fleet, callbacks = _switching_migration(tmp_path, mocker, DOMAIN)
+
+    def paused_then_failed(*args):
+        callbacks["h1"](libvirt.VIR_DOMAIN_EVENT_SUSPENDED,
+                        libvirt.VIR_DOMAIN_EVENT_SUSPENDED_MIGRATED)
+        raise libvirt.libvirtError("operation failed: job 'migration out' failed in post-copy "
+                                   "phase")
+
+    guest.migrate_to.side_effect = paused_then_failed
+    with pytest.raises(MigrationFailed, match="still running on h1"):
+        migration.run()
+    assert fleet.route_address.call_args_list == [
+        mocker.call("10.78.0.5", "h2"), mocker.call("10.78.0.5", "h1")]
+    assert any("as the source paused for the switch-over" in e for e in migration.events)
+
+
+def test_a_switch_over_event_after_the_call_ended_routes_nothing(tmp_path, mocker):
+    """An event still in flight when libvirt's call has failed must not take the address to a
+    target the VM never reached."""
+    import libvirt
+
+    from vmmgr.errors import MigrationFailed
+
+    migration, guest, fleet, callbacks = _switching_migration(tmp_path, mocker, DOMAIN)
+    guest.migrate_to.side_effect = libvirt.libvirtError("unable to connect")
+    with pytest.raises(MigrationFailed, match="still running on h1"):
+        migration.run()
+    callbacks["h2"](libvirt.VIR_DOMAIN_EVENT_RESUMED, 0)  # late
+    callbacks["h1"](libvirt.VIR_DOMAIN_EVENT_SUSPENDED, libvirt.VIR_DOMAIN_EVENT_SUSPENDED_MIGRATED)
+    fleet.route_address.assert_not_called()
