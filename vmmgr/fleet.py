@@ -179,29 +179,41 @@ class Fleet:
 
     def publish(self, vm: str) -> None:
         """Write the VM's row of the fleet view from libvirt and the storage, or drop it if the
-        VM is gone. Never fails the operation that calls it: the next reconcile repairs it."""
+        VM is gone: the operation that changed it, holding its lock. Never fails the operation:
+        the next reconcile repairs the row."""
         try:
-            row = view.suspended_row(self.paths.saves / vm)
-            if row is None:
-                guest = self.find(vm)
-                info = self._info(guest.host_name, guest) if guest is not None else None
-                row = view.guest_row(info) if info is not None else None
-            if row is None:
-                self.state.drop_vm_view(vm)
-            else:
-                self.state.put_vm_views([row])
+            self.state.set_vm_view(vm, self._row(vm))
         except (VmmgrError, redis.RedisError):
             pass
 
+    def observe(self, vms: set[str]) -> list[str]:
+        """Rewrite the rows of VMs that changed under no operation of this caller (a lifecycle
+        event); returns those left alone: an operation holds them or wrote them meanwhile, and
+        its own row stands (see FleetState.observe_vm_views)."""
+        since = self.state.view_mark()  # before looking: a write after it is newer than ours
+        held = [vm for vm in vms if self.state.holder("vm", vm)]  # no need to ask libvirt
+        rows = {vm: self._row(vm) for vm in vms if vm not in held}
+        return held + (self.state.observe_vm_views(rows, since) if rows else [])
+
+    def _row(self, vm: str) -> dict | None:
+        row = view.suspended_row(self.paths.saves / vm)
+        if row is None:
+            guest = self.find(vm)
+            info = self._info(guest.host_name, guest) if guest is not None else None
+            row = view.guest_row(info) if info is not None else None
+        return row
+
     def refresh_view(self) -> list[dict]:
         """Rewrite the whole fleet view from libvirt and the storage; returns its rows.
-        A host that does not answer keeps its VMs' rows as they were."""
+        A host that does not answer keeps its VMs' rows as they were; so does a VM an
+        operation holds or wrote while this looked."""
+        since = self.state.view_mark()
         unreachable: set[str] = set()
         rows = [view.guest_row(i) for i in self.vms(unreachable)]
         if self.paths.saves.is_dir():
             rows += [r for r in (view.suspended_row(d) for d in self.paths.saves.iterdir()) if r]
         rows += [r for r in self.state.vm_views() if r["host"] in unreachable]
-        self.state.replace_vm_views(rows)
+        self.state.observe_vm_views({r["name"]: r for r in rows}, since, whole=True)
         return rows
 
     def create(self, spec: VMSpec, host_name: str) -> Guest:

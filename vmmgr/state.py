@@ -42,6 +42,45 @@ _OWNED = "local v = redis.call('get', KEYS[1]) " \
 _REFRESH = _OWNED + "return redis.call('expire', KEYS[1], ARGV[2]) else return 0 end"
 _RELEASE = _OWNED + "return redis.call('del', KEYS[1]) else return 0 end"
 
+# The fleet view's rows: KEYS view, stamps, sequence. An operation's row is stamped with the
+# sequence's next value (a drop too: its stamp outlives the row).
+_SET_VIEW = """
+local seq = redis.call('incr', KEYS[3])
+if ARGV[2] == '' then redis.call('hdel', KEYS[1], ARGV[1])
+else redis.call('hset', KEYS[1], ARGV[1], ARGV[2]) end
+redis.call('hset', KEYS[2], ARGV[1], seq)
+"""
+# An observer's rows (ARGV: since, lock prefix, whole, then name/row pairs, '' for gone) land
+# where no operation holds the VM and none wrote its row after `since`; a whole look also drops
+# the rows of VMs it did not see and the stamps it supersedes. Returns the names left alone.
+_OBSERVE_VIEW = """
+local since, lock, whole = tonumber(ARGV[1]), ARGV[2], ARGV[3] == '1'
+local seen = {}
+for i = 4, #ARGV, 2 do seen[ARGV[i]] = ARGV[i + 1] end
+if whole then
+  for _, name in ipairs(redis.call('hkeys', KEYS[1])) do
+    if seen[name] == nil then seen[name] = '' end
+  end
+end
+local left = {}
+for name, row in pairs(seen) do
+  if redis.call('exists', lock .. name) == 1
+      or tonumber(redis.call('hget', KEYS[2], name) or '0') > since then
+    table.insert(left, name)
+  elseif row == '' then redis.call('hdel', KEYS[1], name)
+  else redis.call('hset', KEYS[1], name, row) end
+end
+if whole then
+  local stamps = redis.call('hgetall', KEYS[2])
+  for i = 1, #stamps, 2 do
+    if tonumber(stamps[i + 1]) <= since then redis.call('hdel', KEYS[2], stamps[i]) end
+  end
+end
+return left
+"""
+
+
+_VIEW_KEYS = (P + "view:vms", P + "view:stamps", P + "view:seq")
 
 SAVED = ("suspended", "resuming")  # states of a VM whose image is on storage
 
@@ -232,17 +271,32 @@ class FleetState:
             raise ValueError(f"unknown record kind {kind!r}")
 
     # ---- the fleet view: one row per VM, what listings and pages read ----------------------
-    # Written from libvirt by the operation that changed the VM and refreshed whole by the
-    # reconcile; one hash, so a listing of 20,000 VMs is one round trip.
+    # One hash, so a listing of 20,000 VMs is one round trip. Two kinds of writer: the
+    # operation that changed a VM writes its row holding the VM's lock (`set_vm_view`), and is
+    # right by construction; an observer (a lifecycle event, the reconcile) holds no lock and
+    # read libvirt a moment ago, so its rows land only where no operation holds the VM now or
+    # wrote its row since the observer began to look (`observe_vm_views`). Else a suspend's
+    # own event, read as the image was being written, could drop the suspended VM's row after
+    # the suspend wrote it.
 
-    def put_vm_views(self, rows: list[dict]) -> None:
-        if rows:
-            self.r.hset(P + "view:vms", mapping={r["name"]: json.dumps(r) for r in rows})
+    def set_vm_view(self, name: str, row: dict | None) -> None:
+        """The row of an operation holding the VM's lock (None: the VM is gone)."""
+        self.r.eval(_SET_VIEW, 3, *_VIEW_KEYS, name, json.dumps(row) if row else "")
 
-    def drop_vm_view(self, name: str) -> None:
-        self.r.hdel(P + "view:vms", name)
+    def view_mark(self) -> int:
+        """Where the view's writes stand: an observer's `since`, taken before it looks."""
+        return int(self.r.get(P + "view:seq") or 0)
+
+    def observe_vm_views(self, rows: dict[str, dict | None], since: int,
+                         whole: bool = False) -> list[str]:
+        """An observer's rows by name (None: not found), as seen since `since`; `whole`: every
+        VM, the rows of any other dropped. Returns the VMs left to the operation on them."""
+        args = [a for name, row in rows.items() for a in (name, json.dumps(row) if row else "")]
+        return self.r.eval(_OBSERVE_VIEW, 3, *_VIEW_KEYS, since, P + "lock:vm:",
+                           "1" if whole else "0", *args)
 
     def replace_vm_views(self, rows: list[dict]) -> None:
+        """The whole view, unconditionally (a seeded store: tests and benchmarks)."""
         pipe = self.r.pipeline()  # MULTI: readers see the old view or the new one
         pipe.delete(P + "view:vms")
         if rows:

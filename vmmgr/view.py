@@ -106,6 +106,9 @@ def host_rows(records, snapshot: dict[str, dict], rows: list[dict]) -> list[dict
     return out
 
 
+RELOOK = 2.0  # s between looks at a VM an operation holds (it writes its own row as it ends)
+
+
 def follow_host(paths, host: str, stop, log=lambda m: None) -> None:
     """Keep the view's rows of the VMs on `host` in step with its libvirt lifecycle events (a
     guest that powers itself off, crashes, or is changed behind vmmgr's back), until `stop` is
@@ -118,18 +121,24 @@ def follow_host(paths, host: str, stop, log=lambda m: None) -> None:
     changed: queue.Queue = queue.Queue()
 
     def publish() -> None:
+        later: dict[str, float] = {}  # VMs an operation held: looked at again when it is over
         while not stop.is_set():
             try:
                 names = {changed.get(timeout=1)}
             except queue.Empty:
-                continue
+                names = set()
             time.sleep(0.2)  # a burst of events (a migration's) settles into one look
             while not changed.empty():
                 names.add(changed.get_nowait())
+            now = time.monotonic()
+            names |= {n for n, due in later.items() if due <= now}
+            if not names:
+                continue
             try:  # fresh connections each time: a host's libvirtd may have restarted meanwhile
                 with Fleet(paths, f"view-{host}") as fleet:
-                    for name in names:
-                        fleet.publish(name)
+                    left = fleet.observe(names)
+                later = {n: due for n, due in later.items() if n not in names}
+                later.update((n, now + RELOOK) for n in left)
             except Exception as err:  # the reconcile covers what this missed
                 log(f"view rows of {', '.join(sorted(names))}: {err}")
 

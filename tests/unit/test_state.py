@@ -94,3 +94,48 @@ def test_the_waiting_client_passes_on_each_event_once():
     seen = _pass_on({"events": ["a", "b", "c"], "event_count": 3}, seen, got.append)
     seen = _pass_on({"events": ["c", "d"], "event_count": 4}, seen, got.append)  # trimmed meta
     assert got == ["a", "b", "c", "d"] and seen == 4
+
+
+def _row(name, state="running", host="h1"):
+    return {"name": name, "host": host, "state": state}
+
+
+def test_an_observers_row_never_overwrites_an_operations(fleet_state):
+    """A lifecycle event read as a suspend wrote the image saw the VM nowhere; the suspend then
+    wrote its row: the observer's late drop must not land (the lab's API test lost a VM so)."""
+    fleet_state.set_vm_view("a", _row("a"))
+    since = fleet_state.view_mark()  # the observer starts to look ...
+    fleet_state.set_vm_view("a", _row("a", "suspended", "-"))  # ... the suspend ends meanwhile
+    assert fleet_state.observe_vm_views({"a": None}, since) == ["a"]
+    assert fleet_state.vm_view("a")["state"] == "suspended"
+    # A look begun after the operation's write is newer than it, and lands.
+    assert fleet_state.observe_vm_views({"a": None}, fleet_state.view_mark()) == []
+    assert fleet_state.vm_view("a") is None
+
+
+def test_an_observer_leaves_a_vm_an_operation_holds(fleet_state):
+    fleet_state.set_vm_view("a", _row("a"))
+    fleet_state.acquire("vm", "a", "task-1", "migration of a", ttl=30)
+    since = fleet_state.view_mark()
+    assert fleet_state.observe_vm_views({"a": _row("a", "paused")}, since) == ["a"]
+    assert fleet_state.vm_view("a")["state"] == "running"
+    fleet_state.release("vm", "a", "task-1")
+    assert fleet_state.observe_vm_views({"a": _row("a", "paused")}, since) == []
+    assert fleet_state.vm_view("a")["state"] == "paused"
+
+
+def test_a_whole_look_keeps_what_it_must_and_drops_what_it_did_not_see(fleet_state):
+    for name in "abcd":
+        fleet_state.set_vm_view(name, _row(name))
+    since = fleet_state.view_mark()
+    fleet_state.acquire("vm", "b", "task-1", "destroy of b", ttl=30)  # held: kept as it was
+    fleet_state.set_vm_view("c", _row("c", host="h2"))  # written while the look ran: kept
+    left = fleet_state.observe_vm_views({"a": _row("a", "shutoff"), "e": _row("e")}, since,
+                                        whole=True)  # d was not seen: gone
+    assert sorted(left) == ["b", "c"]
+    rows = {r["name"]: r for r in fleet_state.vm_views()}
+    assert sorted(rows) == ["a", "b", "c", "e"]
+    assert (rows["a"]["state"], rows["b"]["state"], rows["c"]["host"]) == ("shutoff", "running",
+                                                                          "h2")
+    # The look supersedes the stamps older than it: only c's (newer) is left.
+    assert fleet_state.r.hkeys("vmmgr:view:stamps") == ["c"]
