@@ -4,7 +4,8 @@ plain `virsh migrate --live --p2p` (QEMU's default 300 ms limit) and vmmgr's pol
     ./run bench-blackout [--moves 10]
 
 One 128 MiB counter VM is defined with QEMU's trace events switched on (`-trace`, through
-libvirt's qemu:commandline: a benchmark-only definition, never how vmmgr defines a VM), and moved
+libvirt's qemu:commandline, beside vmmgr's own QEMU options: the events are the benchmark's only
+addition to how vmmgr defines a VM), and moved
 around the lab ring, the method alternating. Each QEMU writes its events to its domain log on its
 own host; both hosts share this machine's clock, so the source's and the destination's events
 line up. A move's blackout is cut at QEMU's downtime checkpoints:
@@ -90,8 +91,11 @@ def restart_traced(conn, vm: str) -> None:
     dom = conn.lookupByName(vm)
     xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
     args = "".join(f"<qemu:arg value='-trace'/><qemu:arg value='{e}'/>" for e in TRACED)
-    xml = xml.replace("<domain ", f"<domain xmlns:qemu='{QEMU_NS}' ", 1).replace(
-        "</domain>", f"<qemu:commandline>{args}</qemu:commandline></domain>")
+    if "<qemu:commandline>" in xml:  # vmmgr's own QEMU options: the trace events join them
+        xml = xml.replace("<qemu:commandline>", f"<qemu:commandline>{args}", 1)
+    else:
+        xml = xml.replace("<domain ", f"<domain xmlns:qemu='{QEMU_NS}' ", 1).replace(
+            "</domain>", f"<qemu:commandline>{args}</qemu:commandline></domain>")
     dom.destroy()
     conn.defineXML(xml)
     dom.create()

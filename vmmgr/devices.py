@@ -19,6 +19,7 @@ from .errors import InvalidRequest
 from .spec import NAME_RE
 
 XMLNS = "https://vmmgr.dev/xmlns/vm/1"
+QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"  # libvirt's namespace for QEMU's own options
 PCI_RE = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
 KINDS = ("vfio", "standin")
 FIRST_DEVICE_SLOT = 0x10  # guest PCI slot of a VM's first passed-through device
@@ -68,6 +69,7 @@ def free(declared: tuple[Device, ...], held_addresses: set[str]) -> list[Device]
 def assign(domain_xml: str, devices: list[Device], host: str) -> str:
     """The domain XML holding `devices` (of `host`) instead of whatever it held before."""
     ET.register_namespace("vmmgr", XMLNS)
+    ET.register_namespace("qemu", QEMU_NS)
     root = ET.fromstring(domain_xml)
     meta = root.find(f"./metadata/{{{XMLNS}}}vm")
     for el in meta.findall(f"{{{XMLNS}}}device"):

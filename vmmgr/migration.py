@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import libvirt
+import redis
 
 from . import console, policy as pol
 from .errors import Conflict, JobAborted, MigrationFailed, NotFound, PostcopyPaused, VmmgrError
@@ -106,6 +107,8 @@ class MigrationResult:
     policy: str = ""
     postcopy: bool = False
     events: tuple[str, ...] = ()
+    streams: int = 1  # multifd streams, or the one stream
+    link_mibps: float = 0.0  # what QEMU measured on the wire over the copy (0: not reported)
 
     @classmethod
     def from_completed_stats(
@@ -121,6 +124,7 @@ class MigrationResult:
             bytes_transferred=stats.get("data_processed", stats.get("memory_processed", 0)),
             memory_iterations=stats.get("memory_iteration", 0),
             wall_ms=wall_ms,
+            link_mibps=round(stats.get("memory_bps", 0) / 2**20, 1),
             started_at=started_at,
             **extra,
         )
@@ -182,11 +186,29 @@ def migrate(
         if reason:
             raise Conflict(f"host {target} has no room for {vm}: {reason}")
         lease.check()
+        source = guest.host_name
+        fitted, why = pol.for_link(policy, _link_mibps(fleet, source, target))
+        move = _Migration(fleet, guest, target, fitted, on_progress, poll_interval, lease)
+        if why:
+            move._event(why)
         try:
-            return _Migration(fleet, guest, target, policy, on_progress, poll_interval,
-                              lease).run()
+            result = move.run()
         finally:
             fleet.publish(vm)  # wherever it ended up
+        if result.link_mibps and not policy.bandwidth_mibps:  # a capped move says nothing of it
+            try:
+                fleet.state.set_link_mibps(source, target, result.link_mibps)
+            except redis.RedisError:
+                pass  # the next move over the link measures it again
+        return result
+
+
+def _link_mibps(fleet: Fleet, source: str, target: str) -> float | None:
+    """What the last move from source to target measured on the wire (None: nothing yet)."""
+    try:
+        return fleet.state.link_mibps(source, target)
+    except redis.RedisError:
+        return None
 
 
 def resume_postcopy(fleet: Fleet, vm: str, source: str, target: str, policy: Policy,
@@ -437,7 +459,7 @@ class _Migration:
         return MigrationResult.from_completed_stats(
             guest.name, self.source, self.target, completed, wall_ms,
             started_at, policy=self.policy.name, postcopy=self.postcopy_started,
-            events=tuple(self.events),
+            events=tuple(self.events), streams=max(1, self.policy.parallel_connections),
         )
 
     def _call_and_monitor(self, params: dict, flags: int, watch: pol.Watch) -> Exception | None:

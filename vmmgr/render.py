@@ -9,6 +9,7 @@ from .addresses import mac_for
 from .spec import VMSpec
 
 XMLNS = "https://vmmgr.dev/xmlns/vm/1"
+QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"  # libvirt's namespace for QEMU's own options
 
 
 def _template_dir() -> Path:
@@ -64,6 +65,7 @@ def group_of(xml: str) -> str:
 def set_console_path(xml: str, path: Path) -> str:
     """The same domain XML with its serial console (and the console that mirrors it) at `path`."""
     ET.register_namespace("vmmgr", XMLNS)
+    ET.register_namespace("qemu", QEMU_NS)
     root = ET.fromstring(xml)
     for source in root.findall("./devices/serial/source") + root.findall("./devices/console/source"):
         source.set("path", str(path))

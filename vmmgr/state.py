@@ -316,6 +316,15 @@ class FleetState:
         row = self.r.hget(P + "view:vms", name)
         return json.loads(row) if row else None
 
+    # ---- links: the rate the last move over each (source to target) measured ---------------
+
+    def link_mibps(self, source: str, target: str) -> float | None:
+        value = self.r.hget(P + "links", f"{source}>{target}")
+        return float(value) if value else None
+
+    def set_link_mibps(self, source: str, target: str, mibps: float) -> None:
+        self.r.hset(P + "links", f"{source}>{target}", f"{mibps:.1f}")
+
     # ---- hosts (a snapshot written by reconcile) ---------------------------------------------
 
     def set_hosts(self, hosts: dict[str, dict]) -> None:

@@ -194,3 +194,39 @@ def test_a_postcopy_left_paused_is_recorded_so_and_resumed_when_the_link_returns
     assert_memory_intact(paths, "pcpause")
     # Its console goes on in host2's segment, kept through the break (the QEMU there writes it).
     assert console.hosts_seen(paths.consoles, "pcpause") == ["host1", "host2"]
+
+
+def test_a_slow_link_measured_once_is_crossed_next_time_by_compressed_multifd(make_vm, fleet,
+                                                                              paths):
+    """A move over a 100 Mbit/s link measures it; the next move over it takes two multifd
+    streams, zstd-compressed on both sides (the definition's QEMU default), by itself."""
+    import json
+
+    import libvirt_qemu
+
+    make_vm("slowlink", host="host1", memory=96)
+    wait_ticks(paths, "slowlink", 3)
+    fleet.state.r.delete("vmmgr:links")  # what earlier tests' moves measured
+    shape = ["ip", "netns", "exec", "vmmgr-host1", "tc", "qdisc"]
+    subprocess.run(shape + ["replace", "dev", "eth0", "root", "tbf", "rate", "100mbit",
+                            "burst", "256kb", "latency", "50ms"], check=True)
+    try:
+        first = migrate(fleet, "slowlink", "host2")
+        assert first.streams == 1 and 0 < first.link_mibps < 40, first
+        assert fleet.state.link_mibps("host1", "host2") == first.link_mibps
+        back = migrate(fleet, "slowlink", "host1")  # a link never measured: one stream
+        assert back.streams == 1, back
+        again = migrate(fleet, "slowlink", "host2")
+        assert again.streams == 2 and not again.postcopy, again
+        assert any("zstd-compressed multifd" in e and "post-copy fallback" in e
+                   for e in again.events), again.events
+        dom = fleet.host("host2").find_guest("slowlink")._dom
+        params = json.loads(libvirt_qemu.qemuMonitorCommand(
+            dom, '{"execute": "query-migrate-parameters"}', 0))["return"]
+        assert params["multifd-compression"] == "zstd"
+    finally:
+        subprocess.run(shape + ["del", "dev", "eth0", "root"], capture_output=True)
+        fleet.state.r.delete("vmmgr:links")  # the other tests' moves start unmeasured
+    count = len(ticks(paths, "slowlink"))
+    wait_ticks(paths, "slowlink", count + 3)
+    assert_contiguous(ticks(paths, "slowlink"))

@@ -2,12 +2,14 @@
 
 from dataclasses import replace
 
+import libvirt
 import pytest
 
 from vmmgr.errors import InvalidRequest
+from vmmgr.migration import flags_and_params
 from vmmgr.policy import (
     POLICIES, Abort, Pause, Policy, SetDowntime, StartPostCopy, decide, downtime_step, get_policy,
-    start, warning,
+    for_link, start, warning,
 )
 
 MiB = 2**20
@@ -129,3 +131,32 @@ def test_warning_when_the_guest_outpaces_the_link():
     assert "auto-converge off" in warning(80 * MiB, 32 * MiB, False)
     assert warning(10 * MiB, 32 * MiB, True) is None
     assert warning(10 * MiB, 0, True) is None
+
+
+def test_a_slow_link_gets_compressed_multifd_and_a_fast_or_unknown_one_does_not():
+    safe = get_policy("safe")
+    assert for_link(safe, None) == (safe, "")  # never measured: one stream
+    assert for_link(safe, 110.0) == (safe, "")  # 1 Gbit/s: compression gains nothing there
+    fitted, why = for_link(safe, 11.2)  # 100 Mbit/s
+    assert fitted.parallel_connections == 2 and not fitted.postcopy
+    assert "11 MiB/s" in why and "zstd" in why and "post-copy" not in why
+    flags, params = flags_and_params(fitted)
+    assert flags & libvirt.VIR_MIGRATE_PARALLEL
+    assert params[libvirt.VIR_MIGRATE_PARAM_PARALLEL_CONNECTIONS] == 2
+
+
+def test_the_default_policy_gives_up_its_post_copy_fallback_for_multifd_and_says_so():
+    fitted, why = for_link(get_policy(None), 11.5)
+    assert fitted.name == "balanced" and fitted.parallel_connections == 2
+    assert not fitted.postcopy  # QEMU refuses multifd with the post-copy capability
+    assert "without the post-copy fallback" in why
+    flags, _ = flags_and_params(fitted)
+    assert not flags & libvirt.VIR_MIGRATE_POSTCOPY
+
+
+def test_an_operators_choice_and_a_post_copy_promise_are_kept_on_a_slow_link():
+    for policy in (get_policy("never-fail"),  # finishes through post-copy: no multifd
+                   get_policy("safe", 8),  # a bandwidth cap
+                   get_policy("safe", parallel_connections=4),
+                   get_policy("safe", compression="xbzrle")):
+        assert for_link(policy, 5.0) == (policy, "")
