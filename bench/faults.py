@@ -1,6 +1,6 @@
 """Benchmark: faults injected on the lab, then a soak of consecutive moves.
 
-    ./run bench-faults [--runs N] [--moves M] [--only NAME ...]
+    ./run bench-faults [--runs N] [--moves M] [--only NAME ...] [--merge]
 
 On the lab (a home per host, TLS), with a `dirtier` guest (its memory checked by the guest
 itself) and a counter guest (its console must count on without a gap) on host1: each fault
@@ -204,6 +204,62 @@ def source_libvirtd_precopy(c: Lab3, fleet: Fleet) -> None:
         pass
     time.sleep(2)
     c.lab.restart_libvirtd("host1")  # as systemd restarts it; its QEMUs ran on meanwhile
+
+
+@fault("destination QEMU SIGKILLed at the switch-over", (COUNT,))
+def dest_qemu_at_switchover(c: Lab3, fleet: Fleet) -> str:
+    # The source has paused for the switch-over, and the edge already sends the VM's address to
+    # host2 (migration._follow_switchover), when host2's QEMU dies: the migration fails, the VM
+    # resumes on host1, and its address must be routed back there. A 1 s downtime limit over a
+    # 16 MiB/s cap makes the switch-over last about a second: the strike lands inside it.
+    from dataclasses import replace
+
+    import libvirt
+
+    from vmmgr import policy as pol
+    from vmmgr.edge import Edge
+    from vmmgr.render import address_of
+
+    address = address_of(fleet.locate(COUNT).xml())
+    incoming: dict = {}
+
+    class Report(operations.LocalReport):
+        def progress(self, progress):  # the incoming QEMU runs from libvirt's prepare on
+            if "pid" not in incoming:
+                found = subprocess.run(["pgrep", "-n", "-f", f"guest={COUNT},.*-incoming"],
+                                       capture_output=True, text=True).stdout.split()
+                if found:
+                    incoming["pid"] = int(found[0])
+
+    def at_source(event: int, detail: int) -> None:
+        if (event == libvirt.VIR_DOMAIN_EVENT_SUSPENDED
+                and detail == libvirt.VIR_DOMAIN_EVENT_SUSPENDED_MIGRATED and "pid" in incoming):
+            os.kill(incoming["pid"], signal.SIGKILL)
+            incoming["killed"] = time.monotonic()
+
+    routes = []  # where the migration sent the address, in order
+    route_address = fleet.route_address
+    fleet.route_address = lambda ip, host: (routes.append(host), route_address(ip, host))[1]
+    saved = pol.POLICIES["safe"]
+    pol.POLICIES["safe"] = replace(saved, downtime_start_ms=1000, downtime_steps=0)
+    host1 = fleet.host("host1")
+    token = host1.watch_lifecycle(COUNT, at_source)
+    try:
+        operations.migrate(fleet, Report(fleet), COUNT, "host2", "safe", 16)
+    except MigrationFailed:
+        pass
+    finally:
+        host1.unwatch(token)
+        pol.POLICIES["safe"] = saved
+        del fleet.route_address
+    if "killed" not in incoming:
+        raise RuntimeError(f"the strike missed the switch-over (incoming QEMU: {incoming})")
+    where = fleet.locate(COUNT).host_name
+    routed = Edge.load(c.paths, c.state).routes().get(address)
+    if where != "host1" or routed != "host1" or routes != ["host2", "host1"]:
+        raise RuntimeError(f"{COUNT} runs on {where}, its address {address} routed to {routed} "
+                           f"(by the migration: {' then '.join(routes) or 'nowhere'})")
+    return f"{COUNT} runs on host1 again; {address} was routed to host2 at the pause, then back"
 
 
 @fault("Redis SIGKILLed mid-reclaim, back 5 s later")
@@ -484,6 +540,9 @@ def main() -> None:
     args.add_argument("--runs", type=int, default=5)
     args.add_argument("--moves", type=int, default=500)
     args.add_argument("--only", nargs="*", help="faults to run (default: all; 'none' for none)")
+    args.add_argument("--merge", action="store_true",
+                      help="keep the other faults' rows (and the soak, unless one runs) from "
+                           "the last results: a rerun of some faults")
     opts = args.parse_args()
     names = [n for n in FAULTS if not opts.only or any(o.lower() in n.lower() for o in opts.only)]
     paths = lab_paths()
@@ -498,6 +557,10 @@ def main() -> None:
     finally:
         if started:
             lab.down()
+    if opts.merge and (RESULTS / "faults.json").is_file():
+        last = json.loads((RESULTS / "faults.json").read_text())
+        rows = [r for r in last["faults"] if r["fault"] not in names] + rows
+        soaked = soaked or last.get("soak")
     write(rows, soaked, opts.runs)
 
 
