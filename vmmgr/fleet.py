@@ -46,6 +46,9 @@ class VMInfo:
     held: tuple[str, ...] = ()  # the addresses of the host's devices it holds
 
 
+IMAGE_WAIT = 60.0  # s a create waits for an image's removal or rebuild to decide (and back)
+
+
 def new_owner() -> str:
     """A lock owner for work that is not a task: unique to this node, process and command."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
@@ -72,6 +75,12 @@ class Fleet:
     def lock_vm(self, vm: str, what: str) -> Lease:
         """The VM's one lock, for the whole of an operation that changes it."""
         return Lease(self.state, "vm", vm, self.owner, what)
+
+    def lock_image(self, image: str, what: str) -> Lease:
+        """An OS image's lock: a create holds it while it lays its disk on the image, a removal
+        or rebuild while it checks for such disks and takes the image away. The one waits for
+        the other (a create's hold is short), rather than refuse."""
+        return Lease(self.state, "image", image, self.owner, what, wait=IMAGE_WAIT)
 
     def __enter__(self) -> "Fleet":
         return self
@@ -241,7 +250,9 @@ class Fleet:
             try:
                 lease.check()
                 if spec.image:
-                    spec = self._make_system_disk(spec)
+                    with self.lock_image(spec.image, f"create of {spec.name}"):
+                        os_images.get(self.paths.images, spec.image)  # not removed meanwhile
+                        spec = self._make_system_disk(spec)
                 xml = domain_xml(spec, accel=host.accel, console_path=path)
                 guest = host.define(devices.assign(xml, held, host_name) if held else xml)
                 try:

@@ -244,9 +244,27 @@ def _resume(fleet: Fleet, report: Report, vm: str, host: str | None) -> dict:
         record_truth(fleet, vm)
         raise
     stored(lambda: fleet.state.record("resumed", vm, asdict(result)))
-    stored(lambda: report.event(f"{vm}: resumed on {result.host} ({result.restore_ms} ms)",
-                                vm=vm, host=result.host))
+    words = (f"resumed on {result.host} ({result.restore_ms} ms)" if result.state == "running"
+             else f"stopped, its definition back on {result.host}")
+    stored(lambda: report.event(f"{vm}: {words}", vm=vm, host=result.host))
     return asdict(result)
+
+
+def park_stopped(fleet: Fleet, report: Report, vm: str, why: str) -> dict:
+    """A stopped VM on a host being emptied, with no room anywhere else: its definition is kept
+    on storage (parked), and comes back to a host, still stopped, when room returns."""
+    with fleet.lock_vm(vm, f"parking of stopped {vm}"):
+        _recovered(fleet, report, vm)
+        done = suspension.find_suspended(fleet, vm)
+        if done is None:
+            try:
+                done = suspension.park_stopped(fleet, vm)
+            finally:
+                fleet.publish(vm)
+        stored(lambda: fleet.state.record("suspended", vm, asdict(done)))
+        stored(lambda: report.event(f"{vm}: stopped, its definition parked on storage ({why})",
+                                    vm=vm))
+        return asdict(done)
 
 
 STOP_TIMEOUT = 120  # s a guest OS gets to shut down cleanly (TCG boots and stops slowly)

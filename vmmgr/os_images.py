@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -122,6 +123,30 @@ def remove_image(images_dir: Path, name: str, used_by: list[str] = ()) -> None:
     gone = root(images_dir) / f".{name}.{os.getpid()}.removed"
     d.rename(gone)  # out of the listing at once, then deleted
     shutil.rmtree(gone)
+
+
+def overlays_on(images_dir: Path, disks_dir: Path, name: str) -> list[str]:
+    """The VMs whose system disks on storage are overlays on the image, read from the disks'
+    own headers: a disk exists before its VM's record does, and after a create cut short."""
+    base = disk_path(images_dir, name).resolve()
+    disks = sorted(disks_dir.glob("*.qcow2")) if disks_dir.is_dir() else []
+    return [d.stem for d in disks if (b := backing_file(d)) and Path(b).resolve() == base]
+
+
+def backing_file(disk: Path) -> str | None:
+    """The backing file a qcow2 header names (None: none, or not a qcow2 file)."""
+    try:
+        with disk.open("rb") as f:
+            head = f.read(20)
+            if len(head) < 20 or head[:4] != b"QFI\xfb":
+                return None
+            offset, size = struct.unpack(">QI", head[8:20])  # qcow2 spec: header fields 2, 3
+            if not offset or not 0 < size <= 1023:
+                return None
+            f.seek(offset)
+            return f.read(size).decode(errors="replace")
+    except OSError:
+        return None
 
 
 def verify(images_dir: Path, name: str) -> OsImage:

@@ -64,6 +64,8 @@ def _resume_row(v: dict) -> dict:
     parked = v["state"] == "parked"
     v.setdefault("suspended_from", "")
     v["moves_by"] = {"mode": "resume", "reason": (
+        "stopped, its definition on storage: back on a host, still stopped, when one has room"
+        if v["state"] == "stopped" else
         "parked: resumes by itself when a host has room"
         + (f" and a free {v['device_model']}" if v.get("device_count") else "")
         if parked else "waits for the operator's resume")}

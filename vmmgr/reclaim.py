@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from . import devices, metrics, operations, suspend
-from .errors import Conflict, VmmgrError
+from .errors import VmmgrError
 from .fleet import Fleet
 from .guest import Guest, read_each
 from .host import Capacity, Host
@@ -177,9 +177,10 @@ def run_step(fleet, report, step: Step, outcome, slots: dict, deadline: bool) ->
     try:
         guest = fleet.find(step.vm)
         if guest is not None and not guest.is_active():  # stopped: nothing runs to migrate
-            if step.target is None:
-                raise Conflict(f"{step.vm} is stopped and no other host has room to keep it: "
-                               f"it stays on {guest.host_name} (start or destroy it)")
+            if step.target is None:  # kept on storage: nothing is lost with the host
+                operations.park_stopped(fleet, report, step.vm, "no other host has room")
+                outcome.suspended.append(step.vm)
+                return
             operations.relocate_stopped(fleet, report, step.vm, step.target)
             outcome.migrated.append(step.vm)
             return

@@ -259,12 +259,14 @@ class FleetState:
             self.set_vm(vm, state="suspending")
         elif kind == "suspended":
             how = ("hibernated" if details.get("mode") == "guest" else
+                   "stopped" if details.get("mode") == "stopped" else
                    "parked" if details.get("parked") else "suspended")
             self.set_vm(vm, state="suspended", host="", target="", saved_as=how)
         elif kind == "resuming":
             self.set_vm(vm, state="resuming", target=details["target"])
         elif kind == "resumed":
-            self.set_vm(vm, state="running", host=details["host"], target="", saved_as="")
+            self.set_vm(vm, state=details.get("state", "running"), host=details["host"],
+                        target="", saved_as="")
         elif kind == "resume_failed":
             self.set_vm(vm, state="suspended", target="")
         else:

@@ -44,6 +44,8 @@ class Suspended:
     # "save": libvirt saved memory and device state to `image`. "guest": the guest hibernated
     # itself into its swap disk (a VM with passed-through devices, which cannot be saved) and
     # needs `device_count` free devices of `device_model` where it resumes.
+    # "stopped": a stopped VM's definition, kept here while no host has room to hold it (there
+    # was nothing to save: it was not running); its resume defines it on a host, still stopped.
     mode: str = "save"
     device_model: str = ""
     device_count: int = 0
@@ -56,6 +58,7 @@ class Resumed:
     host: str
     restore_ms: int
     suspended_for_s: float
+    state: str = "running"  # "shutoff": a stopped VM's definition, back on a host
 
 
 def save_dir(fleet: Fleet, vm: str) -> Path:
@@ -139,6 +142,18 @@ def _suspend(fleet: Fleet, vm: str, parked: bool, mode: str | None) -> Suspended
                 shutil.rmtree(d, ignore_errors=True)
             raise
         return _saved(d, guest, int((time.monotonic() - t0) * 1000))
+
+
+def park_stopped(fleet: Fleet, vm: str) -> Suspended:
+    """Keep a stopped VM's definition on storage and take it off its host: the host is going
+    (reclaimed) and no other has room to hold the VM. Nothing is lost with the host; room
+    returning brings it back to one, stopped (`resume`). For the caller holding the VM's lock."""
+    guest = fleet.locate(vm)
+    if guest.is_active():
+        raise Conflict(f"VM {vm!r} is {guest.state()}: only a stopped VM's definition is parked")
+    d = _begin(guest, True, "stopped", guest.xml(inactive=True, migratable=True),
+               save_dir(fleet, vm))
+    return _suspended(d, guest, json.loads((d / INTENT).read_text()), 0, 0)
 
 
 def _hibernate(fleet: Fleet, guest, parked: bool) -> Suspended:
@@ -238,6 +253,11 @@ def _resume(fleet: Fleet, vm: str, host: str | None) -> Resumed:
         _claim(d, vm)
         if record.mode == "guest":
             return _boot_from_hibernation(fleet, record, target, segment)
+        if record.mode == "stopped":
+            t0 = time.monotonic()
+            _resumed_on(fleet, target, d, segment)  # defined there, not started
+            return Resumed(vm, host, int((time.monotonic() - t0) * 1000),
+                           round(time.time() - record.suspended_at, 1), state="shutoff")
         t0 = time.monotonic()
         try:
             target.restore(d / "image", set_console_path(target.save_image_xml(d / "image"),
@@ -324,12 +344,18 @@ def _recover_suspend(fleet: Fleet, vm: str, d: Path, wait: float) -> str:
     intent = json.loads((d / INTENT).read_text())
     host = fleet.host(intent["from_host"])
     guest = host.find_guest(vm)
-    what = "hibernation" if intent["mode"] == "guest" else "save"
+    what = {"guest": "hibernation", "stopped": "parking"}.get(intent["mode"], "save")
     if (d / RECORD).is_file():  # cut short after the record: only the host's copy is left
         if guest is not None and not guest.is_active():
             guest.undefine()
         (d / INTENT).unlink()
         return f"the {what} cut short had finished: suspended"
+    if intent["mode"] == "stopped":
+        if guest is not None and guest.is_active():  # started behind vmmgr's back meanwhile
+            shutil.rmtree(d)
+            return f"the parking of its definition was cut short: it runs on {host.name}"
+        _suspended(d, guest, intent, 0, 0)
+        return "the parking of its definition cut short was finished: parked, stopped"
     deadline = time.monotonic() + wait
     while guest is not None and guest.is_active() and (
             guest.has_job() if intent["mode"] == "save"
@@ -372,7 +398,8 @@ def _recover_resume(fleet: Fleet, vm: str, d: Path, wait: float) -> str:
         if time.monotonic() >= deadline:
             raise Conflict(f"VM {vm!r}: its restore is still under way on {guest.host_name}")
         time.sleep(0.5)
-    if not guest.is_active():
+    stopped = _record_at(d / CLAIM).mode == "stopped"
+    if not guest.is_active() and not stopped:
         guest.start()  # defined but never started (a hibernated guest boots into its image)
     elif guest.state() == "paused":
         guest.resume()
@@ -397,7 +424,11 @@ def _complete(image: Path) -> bool:
 
 
 def _record(d: Path) -> Suspended:
-    return Suspended(**json.loads((d / RECORD).read_text()))
+    return _record_at(d / RECORD)
+
+
+def _record_at(path: Path) -> Suspended:
+    return Suspended(**json.loads(path.read_text()))
 
 
 def _write_json(path: Path, data: dict) -> None:

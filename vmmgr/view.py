@@ -43,7 +43,8 @@ def suspended_row(save_dir: Path) -> dict | None:
     except OSError:
         address = ""
     return _slim({"name": record["vm"], "host": "-",
-                  "state": "parked" if record.get("parked") else "suspended",
+                  "state": ("stopped" if record.get("mode") == "stopped"  # its definition
+                            else "parked" if record.get("parked") else "suspended"),
                   "memory_mib": record["memory_mib"], "vcpus": record["vcpus"], "workload": "",
                   "device_model": record.get("device_model", ""),
                   "device_count": record.get("device_count", 0), "address": address,

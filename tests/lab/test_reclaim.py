@@ -93,15 +93,22 @@ def test_reclaim_without_room_parks_vms_and_they_resume_when_capacity_returns(ma
     make_vm("full3", host="host3", workload="idle", memory=1024)
     names = ["pk1", "pk2"]
     counters(make_vm, paths, names)
+    # A stopped VM too (shut off, still defined on host1): nothing to save, but its definition
+    # must not go with the host.
+    make_vm("pkoff", host="host1")
+    fleet.host("host1").find_guest("pkoff").destroy()
     try:
         report = json.loads(cli("host", "reclaim", "host1", "--json", check_code=0).stdout)
-        assert sorted(report["suspended"]) == names and report["migrated"] == []
+        assert sorted(report["suspended"]) == [*names, "pkoff"] and report["migrated"] == []
+        assert report["failed"] == {}, report
         assert host_state("host1") == "reclaimed"
         frozen = {n: ticks(paths, n) for n in names}
-        listed = {v["name"]: v["state"] for v in json.loads(cli("vm", "list", "--json").stdout)}
-        assert all(listed[n] == "parked" for n in names)
-        for n in names:
+        listed = {v["name"]: v for v in json.loads(cli("vm", "list", "--json").stdout)}
+        assert all(listed[n]["state"] == "parked" for n in names)
+        assert (listed["pkoff"]["state"], listed["pkoff"]["host"]) == ("stopped", "-")
+        for n in [*names, "pkoff"]:
             assert where_defined(fleet, n) == []
+        assert json.loads((paths.saves / "pkoff" / "record.json").read_text())["mode"] == "stopped"
 
         # Capacity returns (memory frees on host2): with no command, the periodic reconcile
         # resumes the parked VMs there.
@@ -114,6 +121,14 @@ def test_reclaim_without_room_parks_vms_and_they_resume_when_capacity_returns(ma
             seen = wait_ticks(paths, n, len(frozen[n]) + 3)
             assert seen[: len(frozen[n])] == frozen[n]
             assert_contiguous(seen)  # exactly where it stopped: no gap, no repeat
+        # The stopped VM comes back to a host with room as it was: defined there, not booted.
+        deadline = time.monotonic() + 60
+        while where_defined(fleet, "pkoff") != ["host2"]:
+            assert time.monotonic() < deadline, "the stopped VM's definition did not come back"
+            time.sleep(0.5)
+        assert fleet.host("host2").find_guest("pkoff").state() == "shutoff"
+        assert fleet.state.vm("pkoff")["state"] == "shutoff" and not (paths.saves / "pkoff").exists()
+        assert "pkoff running on host2" in cli("vm", "start", "pkoff", check_code=0).stdout
     finally:
         cli("host", "enable", "host1")
 

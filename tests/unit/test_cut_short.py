@@ -168,6 +168,29 @@ def test_a_suspend_cut_short_after_its_record_only_drops_the_hosts_copy(tmp_path
     assert suspend.find_suspended(fleet, "vm1") is not None
 
 
+def test_a_stopped_vms_parking_cut_short_is_finished_and_never_boots_it(tmp_path):
+    guest = FakeGuest("vm1", "h1", state="shutoff")  # killed after the intent, before the record
+    fleet = FakeFleet(tmp_path, FakeHost("h1", guest))
+    d = cut_short_save(fleet, mode="stopped")
+    assert "parking of its definition cut short was finished" in suspend.recover(fleet, "vm1")
+    record = suspend.find_suspended(fleet, "vm1")
+    assert record.mode == "stopped" and record.parked and record.image_bytes == 0
+    assert guest.calls == ["undefine"] and (d / "domain.xml").exists()
+    assert suspend.cut_short(fleet) == []
+
+
+def test_a_stopped_vms_return_cut_short_is_finished_without_booting_it(tmp_path):
+    defined = FakeGuest("vm1", "h2", state="shutoff")  # defined on h2, the claim still there
+    h2 = FakeHost("h2", defined)
+    fleet = FakeFleet(tmp_path, FakeHost("h1"), h2)
+    d = claimed(fleet)
+    record = json.loads((d / "claim.json").read_text()) | {"mode": "stopped", "parked": True}
+    (d / "claim.json").write_text(json.dumps(record))
+    assert "on h2: finished" in suspend.recover(fleet, "vm1")
+    assert defined.calls == [] and defined.state() == "shutoff"  # a stopped VM stays stopped
+    assert not d.exists()
+
+
 def test_a_host_that_does_not_answer_postpones_the_decision(tmp_path):
     fleet = FakeFleet(tmp_path, FakeHost("h1", answers=False))
     d = cut_short_save(fleet, image=DONE)

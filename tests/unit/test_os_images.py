@@ -110,3 +110,54 @@ def test_verify_finds_an_image_damaged_on_storage(tmp_path):
         f.write(bytes([last[0] ^ 0xFF]))
     with pytest.raises(VmmgrError, match="damaged on storage"):
         os_images.verify(store, "base")
+
+
+def test_the_disks_laid_on_an_image_are_found_from_their_own_headers(tmp_path, monkeypatch):
+    """A create lays its disk before its VM's record exists (and a create cut short leaves the
+    disk alone): a removal must see such disks on storage, not only in the records."""
+    from vmmgr.cli.images import vms_on
+    from vmmgr.paths import Paths
+
+    monkeypatch.delenv("VMMGR_REDIS_URL", raising=False)
+    paths = Paths(tmp_path / "home")
+    store, disks = paths.images, paths.storage / "disks"
+    disks.mkdir(parents=True)
+    for name in ("base", "other"):
+        os_images.import_image(store, name, _raw(tmp_path / f"{name}.raw"))
+    for vm, image in (("vm1", "base"), ("vm2", "other"), ("vm3", "base")):
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b",
+                        str(os_images.disk_path(store, image)), str(disks / f"{vm}.qcow2"),
+                        "8M"], check=True)
+    _qcow2(disks, "standalone.qcow2")  # no backing file
+    _raw(disks / "vm1-seed.iso", mib=1)
+
+    assert os_images.backing_file(disks / "vm1.qcow2") == str(os_images.disk_path(store, "base"))
+    assert os_images.backing_file(disks / "standalone.qcow2") is None
+    assert os_images.overlays_on(store, disks, "base") == ["vm1", "vm3"]
+    assert vms_on(paths, "other") == ["vm2"]  # no store: the disks alone
+    with pytest.raises(Conflict, match="base of VM\\(s\\) vm1, vm3"):
+        os_images.remove_image(store, "base", used_by=vms_on(paths, "base"))
+    assert os_images.get(store, "base")
+
+
+def test_a_removal_waits_for_a_create_laying_its_disk_and_says_so(tmp_path, monkeypatch,
+                                                                    redis_url):
+    from click.testing import CliRunner
+
+    from vmmgr import fleet as fleet_mod
+    from vmmgr.cli import cli
+    from vmmgr.fleet import Fleet
+    from vmmgr.paths import Paths
+
+    monkeypatch.setenv("VMMGR_REDIS_URL", redis_url)
+    monkeypatch.setattr(fleet_mod, "IMAGE_WAIT", 0.5)
+    paths = Paths(tmp_path / "home")
+    os_images.import_image(paths.images, "base", _raw(tmp_path / "base.raw"))
+    remove = ["--home", str(paths.home), "image", "remove", "base"]
+    with Fleet(paths) as creating, creating.lock_image("base", "create of vm1"):
+        out = CliRunner().invoke(cli, remove)  # `vmmgr.cli:main` prints the error, exit 4
+        assert isinstance(out.exception, Conflict), out.output
+        assert "image 'base' is busy: create of vm1 is in progress" in str(out.exception)
+        assert os_images.get(paths.images, "base")  # untouched
+    out = CliRunner().invoke(cli, remove)
+    assert out.exit_code == 0 and "image base removed" in out.output, out.output

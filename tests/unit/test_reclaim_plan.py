@@ -81,12 +81,13 @@ def test_under_a_deadline_a_failed_move_is_parked_not_left_behind(mocker):
     parked.assert_not_called()
 
 
-def test_a_stopped_vm_leaves_by_its_definition_or_stays_when_there_is_no_room(mocker):
+def test_a_stopped_vm_leaves_by_its_definition_or_parks_it_when_there_is_no_room(mocker):
     from vmmgr import operations, reclaim
 
     migrated = mocker.patch.object(operations, "migrate")
     parked = mocker.patch.object(operations, "suspend")
     relocated = mocker.patch.object(operations, "relocate_stopped")
+    kept = mocker.patch.object(operations, "park_stopped")
     fleet = mocker.Mock()
     fleet.find.return_value = mocker.Mock(is_active=lambda: False, host_name="h1")
     outcome = reclaim.EvacuationReport("h1", [], [], {}, 0.0)
@@ -95,8 +96,9 @@ def test_a_stopped_vm_leaves_by_its_definition_or_stays_when_there_is_no_room(mo
                        outcome, 2, 2, True, report)
     # Nothing runs, so nothing migrates or is saved: a stopped VM's definition moves...
     assert relocated.call_args.args[1:] == (report, "a", "h2") and outcome.migrated == ["a"]
-    # ...and with no room anywhere it stays where it is, said plainly, never booted or lost.
-    assert "b is stopped and no other host has room" in outcome.failed["b"]
+    # ...and with no room anywhere it is kept on storage, never booted, never lost with h1.
+    assert kept.call_args.args[1:3] == (report, "b") and outcome.suspended == ["b"]
+    assert outcome.failed == {}
     migrated.assert_not_called()
     parked.assert_not_called()
 

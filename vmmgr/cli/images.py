@@ -1,11 +1,13 @@
 """`vmmgr image ...`: the OS images disk-backed VMs start from, on the storage every host sees."""
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
 from .. import display, image_build, os_images
+from ..fleet import Fleet
 from ..paths import Paths
 from ..state import FleetState
 from .base import audit_cli, cli, emit_json, log_line
@@ -23,7 +25,8 @@ def image() -> None:
 @click.pass_obj
 def image_build_cmd(paths: Paths, name: str) -> None:
     """Build an image from Debian packages (cached: rebuilt only when its recipe changes)."""
-    built = image_build.build(paths.images, name, used_by=vms_on(paths, name), log=log_line)
+    with _image_held(paths, name, f"build of image {name}"):
+        built = image_build.build(paths.images, name, used_by=vms_on(paths, name), log=log_line)
     audit_cli(paths, "image build", name, "ok", {"recipe": built.recipe})
     click.echo(f"image {built.name}: {_row(built)[2]}, sha256 {built.sha256}")
 
@@ -54,7 +57,8 @@ def image_list(paths: Paths, as_json: bool) -> None:
 @click.argument("name")
 @click.pass_obj
 def image_remove(paths: Paths, name: str) -> None:
-    os_images.remove_image(paths.images, name, used_by=vms_on(paths, name))
+    with _image_held(paths, name, f"removal of image {name}"):
+        os_images.remove_image(paths.images, name, used_by=vms_on(paths, name))
     audit_cli(paths, "image remove", name, "ok")
     click.echo(f"image {name} removed")
 
@@ -69,13 +73,25 @@ def image_verify(paths: Paths, name: str) -> None:
 
 
 def vms_on(paths: Paths, image_name: str) -> list[str]:
-    """The VMs whose disks are overlays on the image, by their records."""
+    """The VMs whose disks are overlays on the image: by their records, and by the disks on
+    storage (a VM being created has its disk before its record)."""
+    on_disk = os_images.overlays_on(paths.images, paths.storage / "disks", image_name)
     url = paths.redis_url()
-    if url is None:
-        return []
-    records = FleetState(url).vms()
-    return [vm for vm, rec in records.items()
-            if json.loads(rec.get("spec") or "{}").get("image") == image_name]
+    records = FleetState(url).vms() if url is not None else {}
+    return sorted(set(on_disk) | {vm for vm, rec in records.items()
+                                  if json.loads(rec.get("spec") or "{}").get("image")
+                                  == image_name})
+
+
+@contextmanager
+def _image_held(paths: Paths, name: str, what: str):
+    """The image's lock, where there is a fleet store: no create lays a disk on the image while
+    this checks for such disks and takes the image away."""
+    if paths.redis_url() is None:
+        yield
+        return
+    with Fleet(paths) as fleet, fleet.lock_image(name, what):
+        yield
 
 
 def _row(i: os_images.OsImage) -> list[str]:
