@@ -134,5 +134,14 @@ def known_vm(fleet: Fleet, vm: str) -> None:
     _Seen(fleet).vm(vm)
 
 
+def destroyable(fleet: Fleet, vm: str) -> None:
+    """A VM in the view, or the files a create cut short left of one (destroy removes them)."""
+    try:
+        known_vm(fleet, vm)
+    except NotFound:
+        if not fleet.leftovers(vm):
+            raise
+
+
 def known_host(fleet: Fleet, host: str) -> None:
     fleet.inventory.get(host)

@@ -317,6 +317,12 @@ class Fleet:
         """What a VM keeps on shared storage besides its console and saves: gone with it."""
         return [self.swap_disk_path(vm), self.system_disk_path(vm), self.seed_path(vm)]
 
+    def leftovers(self, vm: str) -> list[Path]:
+        """A VM's files on storage: with no definition and no save, what a create cut short
+        (its worker killed between laying the disks and defining the VM) left; `destroy`
+        removes them, and they hold the image they lie on until then."""
+        return [f for f in self.vm_files(vm) if f.exists()]
+
     def _make_system_disk(self, spec: VMSpec) -> VMSpec:
         """A qcow2 overlay on the OS image (which is never written) and the cloud-init seed,
         both on shared storage so that any host can run the VM."""
@@ -367,7 +373,8 @@ class Fleet:
         included; returns where it was."""
         with self.lock_vm(vm, f"destroy of {vm}") as lease:
             guest = self.find(vm)
-            if guest is None and not self.is_suspended(vm):
+            suspended = self.is_suspended(vm)
+            if guest is None and not suspended and not self.leftovers(vm):
                 raise NotFound(f"unknown VM {vm!r}")
             lease.check()
             for copy in self.find_all(vm):  # two while a broken post-copy waits paused
@@ -388,7 +395,8 @@ class Fleet:
             if pool is not None:
                 pool.release(vm)
             self.publish(vm)
-            return guest.host_name if guest is not None else "storage (suspended)"
+            return (guest.host_name if guest is not None else "storage (suspended)" if suspended
+                    else "storage (the disks a create cut short left)")
 
 
 def connect_all(hosts: list[Host]) -> None:

@@ -115,7 +115,7 @@ def reboot(fleet: Fleet, vm: str) -> Request:
 
 
 def destroy(fleet: Fleet, vm: str) -> Request:
-    admission.known_vm(fleet, vm)
+    admission.destroyable(fleet, vm)
     return Request("destroy", {"vm": vm}, None, ("vm", vm, f"destroy of {vm}"))
 
 

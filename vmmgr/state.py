@@ -52,9 +52,16 @@ redis.call('hset', KEYS[2], ARGV[1], seq)
 """
 # An observer's rows (ARGV: since, lock prefix, whole, then name/row pairs, '' for gone) land
 # where no operation holds the VM and none wrote its row after `since`; a whole look also drops
-# the rows of VMs it did not see and the stamps it supersedes. Returns the names left alone.
+# the rows of VMs it did not see and the stamps it supersedes, and says so (KEYS[4]): a look
+# begun before that one began is older than it everywhere, and lands nowhere (the stamps that
+# would have told it so are gone). Returns the names left alone.
 _OBSERVE_VIEW = """
 local since, lock, whole = tonumber(ARGV[1]), ARGV[2], ARGV[3] == '1'
+if tonumber(redis.call('get', KEYS[4]) or '0') > since then
+  local all = {}
+  for i = 4, #ARGV, 2 do table.insert(all, ARGV[i]) end
+  return all
+end
 local seen = {}
 for i = 4, #ARGV, 2 do seen[ARGV[i]] = ARGV[i + 1] end
 if whole then
@@ -75,6 +82,7 @@ if whole then
   for i = 1, #stamps, 2 do
     if tonumber(stamps[i + 1]) <= since then redis.call('hdel', KEYS[2], stamps[i]) end
   end
+  redis.call('set', KEYS[4], since)
 end
 return left
 """
@@ -294,8 +302,8 @@ class FleetState:
         """An observer's rows by name (None: not found), as seen since `since`; `whole`: every
         VM, the rows of any other dropped. Returns the VMs left to the operation on them."""
         args = [a for name, row in rows.items() for a in (name, json.dumps(row) if row else "")]
-        return self.r.eval(_OBSERVE_VIEW, 3, *_VIEW_KEYS, since, P + "lock:vm:",
-                           "1" if whole else "0", *args)
+        return self.r.eval(_OBSERVE_VIEW, 4, *_VIEW_KEYS, P + "view:pruned", since,
+                           P + "lock:vm:", "1" if whole else "0", *args)
 
     def replace_vm_views(self, rows: list[dict]) -> None:
         """The whole view, unconditionally (a seeded store: tests and benchmarks)."""

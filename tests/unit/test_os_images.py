@@ -161,3 +161,32 @@ def test_a_removal_waits_for_a_create_laying_its_disk_and_says_so(tmp_path, monk
         assert os_images.get(paths.images, "base")  # untouched
     out = CliRunner().invoke(cli, remove)
     assert out.exit_code == 0 and "image base removed" in out.output, out.output
+
+
+def test_the_disks_a_cut_short_create_left_hold_the_image_until_destroy_removes_them(
+        tmp_path, monkeypatch, redis_url):
+    from vmmgr import requests
+    from vmmgr.cli.images import vms_on
+    from vmmgr.fleet import Fleet
+    from vmmgr.paths import Paths
+
+    monkeypatch.setenv("VMMGR_REDIS_URL", redis_url)
+    paths = Paths(tmp_path / "home")
+    os_images.import_image(paths.images, "base", _raw(tmp_path / "base.raw"))
+    with Fleet(paths) as fleet:
+        disk, seed = fleet.system_disk_path("vm9"), fleet.seed_path("vm9")
+        disk.parent.mkdir(parents=True)
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b",
+                        str(os_images.disk_path(paths.images, "base")), str(disk), "8M"],
+                       check=True)
+        _raw(seed, mib=1)  # the worker died here: no definition, no record
+        with pytest.raises(Conflict, match="base of VM\\(s\\) vm9: destroy them first"):
+            os_images.remove_image(paths.images, "base", used_by=vms_on(paths, "base"))
+        requests.destroy(fleet, "vm9")  # admitted: there is something to destroy
+        assert fleet.destroy("vm9") == "storage (the disks a create cut short left)"
+        assert not disk.exists() and not seed.exists()
+        with pytest.raises(NotFound, match="unknown VM 'vm9'"):
+            requests.destroy(fleet, "vm9")
+        with pytest.raises(NotFound, match="unknown VM 'vm9'"):
+            fleet.destroy("vm9")
+    os_images.remove_image(paths.images, "base", used_by=vms_on(paths, "base"))

@@ -139,3 +139,20 @@ def test_a_whole_look_keeps_what_it_must_and_drops_what_it_did_not_see(fleet_sta
                                                                           "h2")
     # The look supersedes the stamps older than it: only c's (newer) is left.
     assert fleet_state.r.hkeys("vmmgr:view:stamps") == ["c"]
+
+
+def test_a_look_begun_before_a_whole_look_began_lands_nowhere(fleet_state):
+    """The whole look drops the stamps older than it: a single look begun before it must not
+    take their absence for a clear field (it is older than the whole look everywhere)."""
+    fleet_state.set_vm_view("a", _row("a"))
+    follower = fleet_state.view_mark()  # an event's look begins ...
+    fleet_state.set_vm_view("a", _row("a", "suspended", "-"))  # ... a suspend ends ...
+    reconcile = fleet_state.view_mark()  # ... a reconcile looks and lands (and prunes) ...
+    fleet_state.observe_vm_views({"a": _row("a", "suspended", "-")}, reconcile, whole=True)
+    assert fleet_state.r.hkeys("vmmgr:view:stamps") == []
+    # ... and then the event's stale look arrives.
+    assert fleet_state.observe_vm_views({"a": None}, follower) == ["a"]
+    assert fleet_state.vm_view("a")["state"] == "suspended"
+    # An older whole look, arriving late, lands nowhere either.
+    assert fleet_state.observe_vm_views({}, follower, whole=True) == []
+    assert fleet_state.vm_view("a")["state"] == "suspended"
