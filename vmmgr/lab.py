@@ -185,7 +185,18 @@ class Lab:
             services.start_notice_watchers({h.name: h.namespace for h in self.running_hosts()})
             services.start_beat()
             services.start_flower()
+            self._snapshot_hosts()
             return records
+
+    def _snapshot_hosts(self) -> None:
+        """The hosts as they answer now, for the admission checks (which read the last
+        reconcile's snapshot): a reconcile that ran while `up` restarted their libvirtd saw
+        them unreachable, and the next may be a minute away. `host add` does the same."""
+        from .fleet import Fleet
+        from .reconcile import snapshot_hosts
+
+        with Fleet(self.paths) as fleet:
+            snapshot_hosts(fleet)
 
     def down(self) -> list[str]:
         """Remove every namespace, daemon, QEMU process and link the lab made; returns what went."""
