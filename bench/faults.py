@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.lab.test_engine import dirtier_lines  # noqa: E402  (the guest's own verdicts)
+from tests.lab.test_engine import CutInPostcopy, dirtier_lines  # noqa: E402  (the guest's own verdicts)
 from vmmgr import console, operations, suspend, workloads  # noqa: E402
 from vmmgr.errors import MigrationFailed, VmmgrError  # noqa: E402
 from vmmgr.fleet import Fleet  # noqa: E402
@@ -351,14 +351,22 @@ def _cut_during(c: Lab3, fleet: Fleet, phase: str, new_only: bool, expect) -> No
     migration.POSTCOPY_RECOVERY_ATTEMPTS = 1
     cut, polls = [], []
 
+    def cut_the_link():
+        c.link(False, new_only)
+        cut.append(threading.Timer(5, c.link, (True, new_only)))
+        cut[0].start()
+
+    # In post-copy: once the destination's vCPUs have run a while (why: CutInPostcopy).
+    in_postcopy = CutInPostcopy(fleet, DIRTY, "host2", cut_the_link)
+
     class Report(operations.LocalReport):
         def progress(self, progress):
+            if phase == "postcopy":
+                in_postcopy(progress)
+                return
             polls.append(progress.phase)
-            # a second into the phase (post-copy is asked for before QEMU switches to it)
-            if polls.count(phase) == 5 and not cut:
-                c.link(False, new_only)
-                cut.append(threading.Timer(5, c.link, (True, new_only)))
-                cut[0].start()
+            if polls.count(phase) == 5 and not cut:  # a second into pre-copy
+                cut_the_link()
 
     try:
         operations.migrate(fleet, Report(fleet), DIRTY, "host2", "never-fail", 8)

@@ -282,20 +282,20 @@ def stop(fleet: Fleet, report: Report, vm: str, timeout: float = STOP_TIMEOUT) -
     is off. It stays defined on its host with its room, disk and address kept for `start`."""
     with fleet.lock_vm(vm, f"stop of {vm}"):
         guest = _defined(fleet, vm, "stop")
-        if not guest.is_active():
-            if report.rerun:
-                return {"vm": vm, "host": guest.host_name, "state": "shutoff"}
+        if guest.is_active():
+            fleet.state.set_vm(vm, state="stopping", host=guest.host_name, target="")
+            guest.shutdown()
+            deadline = time.monotonic() + timeout
+            while guest.is_active():
+                if time.monotonic() > deadline:
+                    fleet.state.set_vm(vm, state=guest.state(), host=guest.host_name)
+                    raise Conflict(f"{vm} did not shut down within {timeout:.0f} s: its OS did "
+                                   f"not act on the request and it is still running (`vm "
+                                   f"destroy` removes it without a shutdown)")
+                time.sleep(0.5)
+        elif not report.rerun:
             raise Conflict(f"{vm} is not running (it is {guest.state()})")
-        fleet.state.set_vm(vm, state="stopping", host=guest.host_name, target="")
-        guest.shutdown()
-        deadline = time.monotonic() + timeout
-        while guest.is_active():
-            if time.monotonic() > deadline:
-                fleet.state.set_vm(vm, state=guest.state(), host=guest.host_name)
-                raise Conflict(f"{vm} did not shut down within {timeout:.0f} s: its OS did not "
-                               f"act on the request and it is still running (`vm destroy` "
-                               f"removes it without a shutdown)")
-            time.sleep(0.5)
+        # (A rerun finds the guest off: the run killed after asking left its record "stopping".)
         fleet.state.set_vm(vm, state="shutoff", host=guest.host_name, target="")
         fleet.publish(vm)
         report.event(f"{vm}: stopped on {guest.host_name}", vm=vm, host=guest.host_name)
@@ -306,15 +306,16 @@ def start(fleet: Fleet, report: Report, vm: str) -> dict:
     """Boot a stopped VM again on the host that kept it; the edge routes its address there."""
     with fleet.lock_vm(vm, f"start of {vm}"):
         guest = _defined(fleet, vm, "start")
-        if guest.is_active():
-            if report.rerun:
-                return {"vm": vm, "host": guest.host_name, "state": "running"}
-            raise Conflict(f"{vm} is already running on {guest.host_name}")
         host = fleet.host(guest.host_name)
-        if host.record.state != "active":
-            raise Conflict(f"{vm} is stopped on {host.name}, which takes no VMs now "
-                           f"({host.record.state})")
-        guest.start()
+        if not guest.is_active():
+            if host.record.state != "active":
+                raise Conflict(f"{vm} is stopped on {host.name}, which takes no VMs now "
+                               f"({host.record.state})")
+            guest.start()
+        elif not report.rerun:
+            raise Conflict(f"{vm} is already running on {guest.host_name}")
+        # (A rerun finds it running: the run killed after booting it had not routed its
+        # address nor written its record yet; both are done again, they are idempotent.)
         fleet.route_address(address_of(guest.xml()), host.name)
         fleet.state.set_vm(vm, state="running", host=host.name, target="")
         fleet.publish(vm)
