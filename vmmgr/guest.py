@@ -85,6 +85,12 @@ class Guest:
         with translated(f"vCPUs of {self.name}"):
             return self._dom.info()[3]
 
+    def agent_connected(self) -> bool:
+        """Whether the guest holds its agent's port open (libvirt's channel state)."""
+        root = ET.fromstring(self.xml())
+        return any(t.get("name") == "org.qemu.guest_agent.0" and t.get("state") == "connected"
+                   for t in root.iterfind("./devices/channel/target"))
+
     def xml(self, migratable: bool = False, inactive: bool = False) -> str:
         """The running definition; `inactive`: the persistent one (what a host defines anew);
         `migratable`: without what only this host's libvirt may keep."""

@@ -246,7 +246,11 @@ def _resume(fleet: Fleet, report: Report, vm: str, host: str | None) -> dict:
     stored(lambda: fleet.state.record("resumed", vm, asdict(result)))
     words = (f"resumed on {result.host} ({result.restore_ms} ms)" if result.state == "running"
              else f"stopped, its definition back on {result.host}")
-    stored(lambda: report.event(f"{vm}: {words}", vm=vm, host=result.host))
+    if result.restored is False:  # it runs, but not where it stopped: say so, loudly
+        words = (f"its hibernation image did not restore on {result.host}: the guest booted "
+                 f"afresh and what it had in memory is lost (its disks are as it left them)")
+    stored(lambda: report.event(f"{vm}: {words}", vm=vm, host=result.host,
+                                kind="error" if result.restored is False else "info"))
     return asdict(result)
 
 

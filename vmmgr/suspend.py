@@ -25,7 +25,7 @@ from . import console, devices
 from .errors import Conflict, HibernationFailed, InvalidRequest, NotFound, VmmgrError
 from .fleet import Fleet, require_active
 from .placement import choose_host, refusal
-from .render import address_of, group_of, set_console_path
+from .render import address_of, group_of, set_console_path, workload_of
 from .spec import validate_name
 
 
@@ -59,6 +59,16 @@ class Resumed:
     restore_ms: int
     suspended_for_s: float
     state: str = "running"  # "shutoff": a stopped VM's definition, back on a host
+    # A guest hibernation only: whether the guest came back from its image (False: it booted
+    # afresh, what it had in memory is lost); None where that cannot be told.
+    restored: bool | None = None
+
+
+# The built-in guest's /init prints this as its first line when it goes on booting past the
+# resume from its swap disk: no hibernation image was restored (vmmgr/guest_image/init.sh).
+FRESH_BOOT_LINE = "vmmgr: fresh boot"
+RESTORE_WAIT = 120  # s for a guest booted from its hibernation image to say which it did (TCG)
+AGENT_GRACE_S = 3  # s for a line still in the guest's UART to reach the file
 
 
 def save_dir(fleet: Fleet, vm: str) -> Path:
@@ -313,8 +323,46 @@ def _boot_from_hibernation(fleet: Fleet, record: Suspended, target, segment: Pat
         _unclaim(d)  # the image stays on the swap disk, the VM stays suspended
         raise
     _resumed_on(fleet, target, d, None)
+    # The kernel restores the image, or finds none it can use and boots afresh: only the guest
+    # can tell, and the built-in one does on its console (a real image's kernel is quiet).
+    restored = came_back(segment, guest, RESTORE_WAIT) if workload_of(definition) else None
     return Resumed(record.vm, target.name, int((time.monotonic() - t0) * 1000),
-                   round(time.time() - record.suspended_at, 1))
+                   round(time.time() - record.suspended_at, 1), restored=restored)
+
+
+def came_back(segment: Path, guest, timeout: float, poll: float = 0.5) -> bool | None:
+    """Whether a built-in guest booted from its hibernation image restored it. Booting afresh,
+    its /init writes FRESH_BOOT_LINE first, before its agent opens its port; restored, it goes
+    on printing what it printed, and its agent (running all along) opens the port again. So:
+    the first whole line of its new console segment decides, else a connected agent with no
+    line a moment later means restored. None: neither within `timeout`."""
+    def first_line() -> str | None:
+        try:
+            text = segment.read_bytes().decode(errors="replace").replace("\r", "")
+        except FileNotFoundError:
+            return None
+        return text.split("\n", 1)[0].strip() if "\n" in text else None
+
+    deadline = time.monotonic() + timeout
+    connected_at = None
+    while True:
+        line = first_line()
+        if line is not None:
+            return line != FRESH_BOOT_LINE
+        if connected_at is None and _agent_connected(guest):
+            connected_at = time.monotonic()
+        if connected_at is not None and time.monotonic() - connected_at > AGENT_GRACE_S:
+            return True  # (the fresh boot's line would be out: the UART sends it first)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(poll)
+
+
+def _agent_connected(guest) -> bool:
+    try:
+        return guest.agent_connected()
+    except VmmgrError:
+        return False
 
 
 # ---- what a step cut short left ------------------------------------------------------------

@@ -102,3 +102,35 @@ def test_a_silent_guest_agent_fails_clearly_and_the_vm_keeps_running(gpu_vm, fle
     seen = len(ticks(paths, "mute"))
     wait_ticks(paths, "mute", seen + 3)
     assert_contiguous(ticks(paths, "mute"))
+
+
+def test_an_image_that_does_not_restore_is_reported_lost_not_resumed(gpu_vm, fleet, paths):
+    """Before: the guest booted afresh from a hibernation image its kernel could not use, and
+    the resume said "resumed", its memory lost in silence."""
+    gpu_vm("lostimg", "host1")
+    cli("vm", "suspend", "lostimg", check_code=0)
+    done = json.loads(cli("vm", "resume", "lostimg", "--host", "host2", "--json",
+                          check_code=0).stdout)
+    assert done["restored"] is True  # its first line on host2 is the counter going on
+    until(lambda: fleet.locate("lostimg").agent_connected(), 60, "the agent did not come back")
+
+    cli("vm", "suspend", "lostimg", check_code=0)
+    before = ticks(paths, "lostimg")
+    assert_contiguous(before)  # the first move lost nothing
+    # The swap header's signature back to a plain swap area's: the kernel finds no image.
+    with open(fleet.swap_disk_path("lostimg"), "r+b") as disk:
+        disk.seek(4096 - 10)
+        assert disk.read(10).rstrip(b"\0") == b"S1SUSPEND"  # hibernated: the kernel's mark
+        disk.seek(4096 - 10)
+        disk.write(b"SWAPSPACE2")
+    proc = cli("vm", "resume", "lostimg", "--host", "host1")
+    assert proc.returncode == 1, proc.stderr
+    assert "its hibernation image did not restore" in proc.stderr
+    assert "what it had in memory is lost" in proc.stderr
+    assert where_defined(fleet, "lostimg") == ["host1"]  # it runs: never left stopped
+    assert fleet.locate("lostimg").state() == "running"
+    wait_ticks(paths, "lostimg", len(before) + 3, timeout=90)
+    assert ticks(paths, "lostimg")[len(before)] == 0  # counting again from the start
+    events = [e for e in FleetState(paths.redis_url()).events(50, vm="lostimg")
+              if "did not restore" in e["message"]]
+    assert any(e["kind"] == "error" for e in events), events

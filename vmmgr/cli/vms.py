@@ -268,6 +268,10 @@ def vm_resume(paths: Paths, name: str, host_name: str | None, as_json: bool, wai
         return
     if as_json:
         return emit_json(result)
+    if result.get("restored") is False:
+        raise click.ClickException(
+            f"{name} runs on {result['host']}, but its hibernation image did not restore: the "
+            f"guest booted afresh and what it had in memory is lost")
     click.echo(f"{name} resumed on {result['host']} in {result['restore_ms']} ms "
                f"(suspended for {result['suspended_for_s']:.1f} s)")
 

@@ -2,7 +2,8 @@
 # /init of vmmgr's built-in guest (busybox-static initramfs).
 # Parameters come from the kernel command line as vmmgr.KEY=VALUE words.
 # Everything a workload prints goes to the serial console: that output is what the tests compare
-# across moves, so nothing else (no kernel messages: `quiet loglevel=0`) may write there.
+# across moves, so nothing else (no kernel messages: `quiet loglevel=0`) may write there
+# (but the one line a VM with a swap disk writes when it boots afresh, below).
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
@@ -27,6 +28,10 @@ done
 # further, the hibernated system (this same script, further along) carries on instead.
 if [ -b /dev/vda ]; then
   cat /sys/block/vda/dev > /sys/power/resume 2>/dev/null
+  # Still here: no image was restored (a first boot, or an image the kernel could not use).
+  # vmmgr's resume reads this line (the only one /init writes itself) to tell a lost memory
+  # from a restored one.
+  echo "vmmgr: fresh boot"
   # No image (a first boot): make the swap area the next hibernation writes to.
   mkswap /dev/vda >/dev/null 2>&1 && swapon /dev/vda 2>/dev/null
   # The kernel writes its image, then powers off (S5): the VM can be started anywhere after.
