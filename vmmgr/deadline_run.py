@@ -49,7 +49,8 @@ def reclaim_by(fleet: Fleet, host: str, deadline_at: float, report,
     groups = dict(read_each(guests, lambda g: (g.name, g.group())))
     dirty = _dirty_rates(guests)
     rates = rates or measured_rates(fleet.state.r)
-    steps = {s.vm: s for s in plan_evacuation(sizes, fleet.active_capacities(exclude=host), True)}
+    steps = {s.vm: s for s in plan_evacuation(sizes, fleet.active_capacities(exclude=host), True,
+                                              fleet.sites(), host)}
     candidates = {s.name: deadline.Candidate(
         s.name, s.memory_mib, dirty.get(s.name, 0.0), s.live,
         steps[s.name].target, groups.get(s.name, "")) for s in sizes}

@@ -114,6 +114,10 @@ class Fleet:
     def hosts(self) -> list[Host]:
         return [self.host(r.name) for r in self.inventory.records()]
 
+    def sites(self) -> dict[str, str]:
+        """host -> its site ("" where none is named)."""
+        return {r.name: r.site for r in self.inventory.records()}
+
     def find_all(self, vm: str, strict: bool = False) -> list[Guest]:
         """Every host's copy of the VM: one, or two while it migrates. A host that does not
         answer is skipped, unless `strict` (deciding that a VM exists nowhere): then it raises

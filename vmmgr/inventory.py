@@ -28,6 +28,9 @@ class HostRecord:
     devices: tuple[Device, ...] = ()  # passed-through devices (GPUs) VMs may ask for
     # Its QEMU migrates over TLS (the kvm_host role forces it); False only by explicit opt-in.
     tls: bool = True
+    # Where it is (a region, a cloud, a cluster): placement keeps a VM's moves inside its site
+    # while that has room. "": the one site of a fleet that names none.
+    site: str = ""
 
     @classmethod
     def from_dict(cls, data: dict) -> "HostRecord":

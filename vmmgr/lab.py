@@ -37,6 +37,7 @@ from .devices import Device
 from .inventory import HostRecord, Inventory
 from .state import FleetState
 from .lab_net import LabNetwork, hook_script
+from .lab_wan import Wan, shaping, site_names
 from .lab_pki import LabPKI, render_role_template
 from .lab_services import Services
 from .paths import Paths
@@ -128,14 +129,24 @@ class Lab:
 
     # ---- public verbs -------------------------------------------------------------------
 
-    def up(self, hosts: int = 3, accel: str | None = None, plain: bool = False
-           ) -> list[HostRecord]:
+    def up(self, hosts: int = 3, accel: str | None = None, plain: bool = False,
+           sites: int | None = None, wan: Wan | None = None) -> list[HostRecord]:
         """Make sure hosts 1..N run; repair any that are half there. Returns their records.
 
         Hosts talk and migrate over TLS, as a fleet set up by `ansible/` does; `plain` (an
-        explicit opt-in) gives the unauthenticated, unencrypted TCP of earlier labs."""
+        explicit opt-in) gives the unauthenticated, unencrypted TCP of earlier labs. `sites`
+        groups the hosts into sites with `wan` between them (None: as the lab was, at first one
+        site); the inventory records each host's site."""
         if not 1 <= hosts <= 9:
             raise VmmgrError("the lab has 1 to 9 hosts")
+        stored = self._read_state()
+        sites = sites if sites is not None else min(stored.get("sites", 1), hosts)
+        if sites > 1 and wan is None:
+            wan = Wan(**stored["wan"]) if stored.get("wan") else Wan()
+        try:
+            site_of = site_names(hosts, sites)
+        except ValueError as err:
+            raise VmmgrError(str(err)) from None
         with self._lock():
             self._refuse_a_foreign_store()
             image = ensure_builtin(self.paths.images, self.log)
@@ -166,7 +177,8 @@ class Lab:
             _warm_host_capabilities([self._uri(h) for h in started])
             records = [
                 HostRecord(h.name, self._uri(h), accel, HOST_MEMORY_MIB, HOST_VCPUS, lab=True,
-                           devices=lab_devices(i), tls=self.tls)
+                           devices=lab_devices(i), tls=self.tls,
+                           site=site_of[h.index - 1] if h.index <= hosts else "")
                 for i, h in enumerate(self.running_hosts())
             ]
             self._warn_of_known_defects(accel, records[0].uri)
@@ -175,9 +187,11 @@ class Lab:
             inventory = Inventory(FleetState(services.url).r)
             for r in records:
                 inventory.add(r, replace=True)
-            self._write_state({"accel": accel, "tls": self.tls})
+            self._write_state({"accel": accel, "tls": self.tls, "sites": sites,
+                               "wan": wan.as_dict() if sites > 1 else None})
             LabNetwork(self.paths, BRIDGE, self.log).up(
                 {h.name: (h.namespace, h.ip, h.index) for h in self.running_hosts()})
+            self._shape_wan({r.name: r.site for r in records}, wan if sites > 1 else None)
             if self.tls:  # each host's worker dials libvirt with its host's certificate
                 for h in self.running_hosts():
                     LabPKI.install_client(services.node_home(h.name), self._host_dir(h) / "pki")
@@ -187,6 +201,26 @@ class Lab:
             services.start_flower()
             self._snapshot_hosts()
             return records
+
+    def _shape_wan(self, site_of: dict[str, str], wan: Wan | None) -> None:
+        """Each host sends to the hosts of other sites over the WAN; within its site, the LAN."""
+        running = self.running_hosts()
+        for h in running:
+            far = [o.ip for o in running if site_of.get(o.name, "") != site_of.get(h.name, "")]
+            for cmd in shaping("eth0", far, wan):
+                proc = subprocess.run(["ip", "netns", "exec", h.namespace, *cmd],
+                                      capture_output=True, text=True)
+                if proc.returncode and cmd[2] != "del":  # nothing to take away is fine
+                    raise VmmgrError(f"shaping {h.name}'s WAN: {' '.join(cmd)}: "
+                                     f"{proc.stderr.strip()}")
+        if wan is not None:
+            self.log(f"sites: {', '.join(f'{n} in {s}' for n, s in sorted(site_of.items()))}; "
+                     f"between sites {wan.words()}")
+
+    def sites(self) -> tuple[int, Wan | None]:
+        """The lab's sites as last set up, and the WAN between them."""
+        state = self._read_state()
+        return state.get("sites", 1), Wan(**state["wan"]) if state.get("wan") else None
 
     def _snapshot_hosts(self) -> None:
         """The hosts as they answer now, for the admission checks (which read the last

@@ -25,9 +25,13 @@ def refusal(capacity: Capacity, memory_mib: int, vcpus: int, device_model: str =
 
 def choose_host(
     capacities: dict[str, Capacity], memory_mib: int, vcpus: int, device_model: str = "",
-    device_count: int = 0,
+    device_count: int = 0, site_of: dict[str, str] | None = None, near: str | None = None,
 ) -> tuple[str | None, dict[str, str]]:
-    """The host with the most free memory among those with room, and why each other was refused."""
+    """The host with the most free memory among those with room, and why each other was refused.
+
+    With `near` (a site) and `site_of` (host -> site), a host in that site comes first: a move
+    inside a site crosses a LAN, one between sites a WAN (slower, dearer, and the VM's disk
+    may have to follow)."""
     refused = {}
     fitting = []
     for name, cap in capacities.items():
@@ -35,8 +39,9 @@ def choose_host(
         if reason:
             refused[name] = reason
         else:
-            fitting.append((-cap.free_memory_mib, name))
-    return (min(fitting)[1] if fitting else None), refused
+            away = near is not None and (site_of or {}).get(name, "") != near
+            fitting.append((away, -cap.free_memory_mib, name))
+    return (min(fitting)[2] if fitting else None), refused
 
 
 def target_choices(own_host: str | None, memory_mib: int, vcpus: int,

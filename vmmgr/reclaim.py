@@ -45,27 +45,42 @@ class VMSize:
     live: bool = True  # False: a device blocks live migration; the VM moves by hibernating
 
 
-def plan_evacuation(vms: list[VMSize], capacities: dict[str, Capacity], deadline: bool) -> list[Step]:
-    """Where each VM goes: largest first onto the host with most room, room reserved as it goes.
+def plan_evacuation(vms: list[VMSize], capacities: dict[str, Capacity], deadline: bool,
+                    site_of: dict[str, str] | None = None, source: str = "") -> list[Step]:
+    """Where each VM goes: largest first onto the host with most room, room reserved as it goes;
+    inside the site of `source` (the host being emptied) while it has room, then elsewhere.
 
     Hosts in `capacities` are the ones allowed to take VMs (not the one being emptied).
     """
     room = dict(capacities)
+    site_of = site_of or {}
+    near = site_of.get(source, "") if source else None
     steps = []
     for vm in sorted(vms, key=lambda v: (-v.memory_mib, v.name)):
         target, refused = choose_host(room, vm.memory_mib, vm.vcpus, vm.device_model,
-                                      vm.device_count)
+                                      vm.device_count, site_of, near)
         if target:
             room[target] = reserve(room[target], vm)
+            where = _where(site_of, source, target)
             if vm.live:
-                steps.append(Step(vm.name, "migrate", target, f"{target} has the most room"))
+                steps.append(Step(vm.name, "migrate", target, f"{target} has the most room{where}"))
             else:
                 steps.append(Step(vm.name, "hibernate", target,
-                                  f"{target} has room and a free {vm.device_model}"))
+                                  f"{target} has room and a free {vm.device_model}{where}"))
         else:
             why = "; ".join(f"{h}: {r}" for h, r in refused.items()) or "no other active host"
             steps.append(Step(vm.name, "suspend" if deadline else "wait", None, f"no room ({why})"))
     return steps
+
+
+def _where(site_of: dict[str, str], source: str, target: str) -> str:
+    """How a step's reason names the sites, when the fleet names any."""
+    if not source or not any(site_of.values()):
+        return ""
+    here, there = site_of.get(source, "") or "-", site_of.get(target, "") or "-"
+    if here == there:
+        return f" in site {here}"
+    return f": a cross-site move ({here} -> {there}), no room left in {here}"
 
 
 @dataclass
@@ -95,7 +110,8 @@ def evacuate(fleet: Fleet, host: str, deadline: bool, report, per_target: int = 
         vms = [v for v in read_each(source.guests(), _size) if v]
         if not vms:
             break
-        steps = plan_evacuation(vms, fleet.active_capacities(exclude=host), deadline)
+        steps = plan_evacuation(vms, fleet.active_capacities(exclude=host), deadline,
+                                fleet.sites(), host)
         _carry_out(fleet, steps, outcome, per_target, parallel, deadline, report)
         if deadline or time.monotonic() - t0 > wait_timeout:
             break
@@ -186,7 +202,7 @@ def run_step(fleet, report, step: Step, outcome, slots: dict, deadline: bool) ->
             return
         if step.action == "migrate":
             with slots[step.target]:
-                report.event(f"{step.vm}: migrating to {step.target}", vm=step.vm)
+                report.event(f"{step.vm}: migrating to {step.target} ({step.reason})", vm=step.vm)
                 try:
                     operations.migrate(fleet, report, step.vm, step.target, step.policy)
                 except VmmgrError as err:
@@ -229,7 +245,9 @@ def resume_parked(fleet: Fleet, report) -> list[str]:
         if record.group not in saving:
             jobs.setdefault(record.group or f"vm:{record.vm}", []).append(record)
     for members in jobs.values():
-        targets = place_together(fleet.active_capacities(), members)
+        sites = fleet.sites()
+        targets = place_together(fleet.active_capacities(), members, sites,
+                                 sites.get(members[0].from_host, ""))
         if targets is None:
             continue
         for record, target in zip(members, targets):
@@ -241,11 +259,15 @@ def resume_parked(fleet: Fleet, report) -> list[str]:
     return resumed
 
 
-def place_together(capacities: dict[str, Capacity], members: list) -> list[str] | None:
-    """A host for each member with room reserved as it goes, or None if any has none."""
+def place_together(capacities: dict[str, Capacity], members: list,
+                   site_of: dict[str, str] | None = None, near: str | None = None
+                   ) -> list[str] | None:
+    """A host for each member with room reserved as it goes (in site `near` first), or None if
+    any has none."""
     room, targets = dict(capacities), []
     for m in members:
-        target, _ = choose_host(room, m.memory_mib, m.vcpus, m.device_model, m.device_count)
+        target, _ = choose_host(room, m.memory_mib, m.vcpus, m.device_model, m.device_count,
+                                site_of, near)
         if target is None:
             return None
         room[target] = reserve(room[target], m)

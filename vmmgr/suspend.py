@@ -248,7 +248,9 @@ def _resume(fleet: Fleet, vm: str, host: str | None) -> Resumed:
             raise NotFound(f"unknown VM {vm!r}")
         needs = (record.memory_mib, record.vcpus, record.device_model, record.device_count)
         if host is None:
-            host, refused = choose_host(fleet.active_capacities(), *needs)
+            sites = fleet.sites()  # back in the site it left, while that has room
+            host, refused = choose_host(fleet.active_capacities(), *needs, sites,
+                                        sites.get(record.from_host, ""))
             if host is None:
                 why = "; ".join(f"{h}: {r}" for h, r in refused.items()) or "no hosts"
                 raise Conflict(f"no host has room to resume {vm}: {why}")

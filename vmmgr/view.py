@@ -87,7 +87,7 @@ def host_rows(records, snapshot: dict[str, dict], rows: list[dict]) -> list[dict
     out = []
     for r in records:
         base = {"name": r.name, "uri": r.uri, "accel": r.accel, "state": r.state,
-                "devices": [asdict(d) for d in r.devices]}
+                "site": r.site, "devices": [asdict(d) for d in r.devices]}
         snap = snapshot.get(r.name, {})
         memory = r.memory_mib or snap.get("memory_mib", 0)
         vcpus = r.vcpus or snap.get("vcpus", 0)

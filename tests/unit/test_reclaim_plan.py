@@ -166,3 +166,20 @@ def test_moving_a_stopped_vm_finishes_a_move_cut_short_between_define_and_undefi
     target.undefine.assert_not_called()
     fleet.host.assert_not_called()  # nothing defined anew
     fleet.state.set_vm.assert_called_once_with("vm1", state="shutoff", host="h2", target="")
+
+
+def test_an_evacuation_stays_in_its_site_while_it_has_room_and_says_when_it_leaves():
+    sites = {"h1": "east", "h2": "east", "h3": "west"}
+    steps = plan_evacuation([VMSize("big", 600, 1), VMSize("small", 300, 1)],
+                            {"h2": cap(memory=700), "h3": cap(memory=4000)}, deadline=True,
+                            site_of=sites, source="h1")
+    assert [(s.vm, s.target) for s in steps] == [("big", "h2"), ("small", "h3")]
+    assert steps[0].reason == "h2 has the most room in site east"
+    assert steps[1].reason == ("h3 has the most room: a cross-site move (east -> west), "
+                               "no room left in east")
+
+
+def test_a_fleet_without_sites_plans_as_before():
+    steps = plan_evacuation([VMSize("a", 300, 1)], {"h2": cap(memory=700), "h3": cap(memory=900)},
+                            deadline=False, site_of={"h1": "", "h2": "", "h3": ""}, source="h1")
+    assert [(s.target, s.reason) for s in steps] == [("h3", "h3 has the most room")]

@@ -28,13 +28,16 @@ def host_list(paths: Paths, as_json: bool) -> None:
         rows = overview.host_rows(fleet)
     if as_json:
         return emit_json(rows)
+    named = any(r.get("site") for r in rows)  # a fleet that names no site shows none
     click.echo(display.table(
-        ["host", "state", "accel", "memory (free/total MiB)", "vCPUs (free/total)",
-         "devices (free/total)", "vms"],
-        [[r["name"], r["state"], r["accel"],
-          f"{r['free_memory_mib']}/{r['memory_mib']}" if r["reachable"] else "unreachable",
-          f"{r['free_vcpus']}/{r['vcpus']}" if r["reachable"] else "-",
-          _devices(r), ",".join(r.get("vms", ())) or "-"] for r in rows]))
+        ["host"] + (["site"] if named else []) + [
+            "state", "accel", "memory (free/total MiB)", "vCPUs (free/total)",
+            "devices (free/total)", "vms"],
+        [[r["name"]] + ([r.get("site") or "-"] if named else []) + [
+            r["state"], r["accel"],
+            f"{r['free_memory_mib']}/{r['memory_mib']}" if r["reachable"] else "unreachable",
+            f"{r['free_vcpus']}/{r['vcpus']}" if r["reachable"] else "-",
+            _devices(r), ",".join(r.get("vms", ())) or "-"] for r in rows]))
 
 
 def _devices(row: dict) -> str:
@@ -55,15 +58,21 @@ def _devices(row: dict) -> str:
 @click.option("--plain-migration", is_flag=True,
               help="Migrate to it over plain TCP (unencrypted): only for a host whose QEMU is "
                    "not set up for TLS. The kvm_host role sets up TLS.")
+@click.option("--site", default="", metavar="NAME",
+              help="Where it is (a region, a cloud, a cluster): moves stay inside a site while "
+                   "it has room.")
 @wait_option
 @click.pass_obj
 def host_add(paths: Paths, name: str, uri: str, accel: str, memory: int, vcpus: int,
-             device_specs: tuple[str, ...], plain_migration: bool, wait: bool) -> None:
+             device_specs: tuple[str, ...], plain_migration: bool, site: str,
+             wait: bool) -> None:
     """Add a host; it must answer first. Parked VMs resume on it if they fit."""
+    validate_name(name, "host")
+    if site:
+        validate_name(site, "site")
     record = HostRecord(name, uri, accel, memory, vcpus,
                         devices=tuple(devices.parse(d) for d in device_specs),
-                        tls=not plain_migration)
-    validate_name(name, "host")
+                        tls=not plain_migration, site=site)
     with Fleet(paths) as fleet:
         if name in {r.name for r in fleet.inventory.records()}:
             raise Conflict(f"host {name!r} already exists")

@@ -10,6 +10,7 @@ from .. import display
 from ..deadline import parse_duration
 from ..errors import NotFound
 from ..lab import Lab, status_dicts
+from ..lab_wan import Wan
 from ..paths import Paths, lab_paths
 from .base import emit_json, log_line, cli
 
@@ -27,11 +28,25 @@ def lab(ctx: click.Context) -> None:
 @click.option("--accel", type=click.Choice(["kvm", "tcg"]), help="Skip detection and use this.")
 @click.option("--plain", is_flag=True,
               help="Plain, unauthenticated TCP between the hosts instead of TLS (opt-in).")
+@click.option("--sites", type=click.IntRange(1, 9),
+              help="Group the hosts into this many sites, a WAN between them (default: as the "
+                   "lab was; 1 at first).")
+@click.option("--wan-rtt", type=click.FloatRange(0), default=40.0, show_default=True,
+              help="Round trip between sites, ms.")
+@click.option("--wan-rate", type=click.FloatRange(0, min_open=True), default=200.0,
+              show_default=True, help="Rate between sites, Mbit/s.")
+@click.option("--wan-loss", type=click.FloatRange(0, 100, max_open=True), default=0.0,
+              show_default=True, help="Packets lost between sites, %.")
 @click.pass_obj
-def lab_up(paths: Paths, hosts: int, accel: str | None, plain: bool) -> None:
+def lab_up(paths: Paths, hosts: int, accel: str | None, plain: bool, sites: int | None,
+           wan_rtt: float, wan_rate: float, wan_loss: float) -> None:
     """Start (or repair) a lab of N hosts, talking and migrating over TLS."""
-    records = Lab(paths, log=log_line).up(hosts, accel, plain=plain)
-    click.echo(display.table(["host", "uri", "accel"], [[r.name, r.uri, r.accel] for r in records]))
+    wan = Wan(wan_rtt / 2, wan_rate, wan_loss) if sites and sites > 1 else None
+    records = Lab(paths, log=log_line).up(hosts, accel, plain=plain, sites=sites, wan=wan)
+    named = any(r.site for r in records)
+    click.echo(display.table(["host", "uri", "accel"] + (["site"] if named else []),
+                             [[r.name, r.uri, r.accel] + ([r.site] if named else [])
+                              for r in records]))
     click.echo(f"\nthe lab's home: export VMMGR_HOME={paths.home}")
 
 
