@@ -53,6 +53,9 @@ class Candidate:
     live: bool = True  # False: a device blocks live migration and a save; the guest hibernates
     target: str | None = None  # where placement found room; None: nowhere
     group: str = ""
+    # What a move to `target` measured on the wire before (a WAN between sites is slower than
+    # the LAN the defaults assume); None: nothing measured, the fleet's rate holds.
+    link_mibps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,12 @@ def _can_migrate(members: list[Candidate]) -> bool:
 
 
 def _link_seconds(members: list[Candidate], rates: Rates) -> float:
-    return sum(migration_seconds(m, rates.link_mibps, rates)[1] for m in members)
+    return sum(migration_seconds(m, _stream(m, rates.link_mibps), rates)[1] for m in members)
+
+
+def _stream(c: Candidate, bw_mibps: float) -> float:
+    """A stream's rate for this VM: the fleet's share, or less over a link measured slower."""
+    return min(bw_mibps, c.link_mibps) if c.link_mibps else bw_mibps
 
 
 def _schedule(units, on_link: set[str], deadline_s: float, rates: Rates) -> Plan:
@@ -158,8 +166,10 @@ def _schedule(units, on_link: set[str], deadline_s: float, rates: Rates) -> Plan
     for key, members in units.items():
         for m in members:
             if key in on_link:
-                how, secs = migration_seconds(m, link_bw, rates)
-                link_jobs.append((secs, m, how, m.target, f"{m.target} has room"))
+                how, secs = migration_seconds(m, _stream(m, link_bw), rates)
+                slow = (f", over a link measured at {m.link_mibps:g} MiB/s"
+                        if m.link_mibps and m.link_mibps < link_bw else "")
+                link_jobs.append((secs, m, how, m.target, f"{m.target} has room{slow}"))
             else:
                 how, secs = save_seconds(m, save_bw, rates)
                 target = m.target if how == "hibernate" else None

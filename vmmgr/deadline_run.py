@@ -53,7 +53,8 @@ def reclaim_by(fleet: Fleet, host: str, deadline_at: float, report,
                                               fleet.sites(), host)}
     candidates = {s.name: deadline.Candidate(
         s.name, s.memory_mib, dirty.get(s.name, 0.0), s.live,
-        steps[s.name].target, groups.get(s.name, "")) for s in sizes}
+        steps[s.name].target, groups.get(s.name, ""),
+        _link(fleet, host, steps[s.name].target)) for s in sizes}
     budget = deadline_at - time.time()
     if strategy == "plan":
         plan, run_with = deadline.plan(list(candidates.values()), budget, rates), rates
@@ -254,6 +255,11 @@ def _try(fn, *args):
 
 def _dirty_words(dirty: dict[str, float]) -> str:
     return ", ".join(f"{vm} {r:.0f}" for vm, r in sorted(dirty.items())) or "not measured"
+
+
+def _link(fleet: Fleet, source: str, target: str | None) -> float | None:
+    """The rate a move from `source` to `target` measured last (a WAN between sites shows)."""
+    return fleet.state.link_mibps(source, target) if target else None
 
 
 def measured_rates(r) -> deadline.Rates:

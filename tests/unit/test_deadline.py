@@ -100,3 +100,16 @@ def test_no_more_streams_than_run_however_slow_one_is():
     p = plan([Candidate(f"v{i}", 128, target="h2") for i in range(8)], 600, slow)
     assert max(sum(1 for m in p.moves if m.start_s <= t < m.end_s)
                for t in [m.start_s for m in p.moves]) == MAX_STREAMS
+
+
+def test_a_move_over_a_slow_wan_is_costed_at_the_rate_it_measured():
+    # 1024 MiB: 12 s over the LAN's 100 MiB/s stream, 44 s over a 24 MiB/s WAN
+    near = plan([Candidate("a", 1024, target="h2")], 30, RATES)
+    assert hows(near) == {"a": "migrate"} and near.end_s < 15
+    far = plan([Candidate("a", 1024, target="h3", link_mibps=24)], 30, RATES)
+    assert hows(far) == {"a": "suspend"}  # the WAN would miss the deadline: saved instead
+    assert far.feasible
+    roomy = plan([Candidate("a", 1024, target="h3", link_mibps=24)], 120, RATES)
+    [move] = roomy.moves
+    assert move.how == "migrate" and 40 < move.end_s < 50
+    assert move.reason == "h3 has room, over a link measured at 24 MiB/s"
