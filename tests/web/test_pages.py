@@ -222,3 +222,17 @@ def test_the_api_gives_a_vms_login_with_its_host_keys(app, home, redis_url, toke
                             "host_keys": ["ssh-ed25519 AAAAkey"],
                             "known_hosts": "10.78.0.9 ssh-ed25519 AAAAkey\n",
                             "command": "ssh vmmgr@10.78.0.9"}
+
+
+def test_the_fleet_page_names_each_hosts_site(as_role, home):
+    from vmmgr.inventory import HostRecord, Inventory
+    from vmmgr.state import FleetState
+
+    inventory = Inventory(FleetState(home.redis_url_file.read_text().strip()).r)
+    inventory.add(HostRecord("east1", "qemu+tls://192.0.2.11/system", site="east"))
+    inventory.add(HostRecord("plain1", "qemu+tls://192.0.2.12/system"))
+    html = as_role("viewer").get("/").get_data(as_text=True)
+    east = html[html.index('id="host-east1"'):html.index('id="host-plain1"')]
+    assert '<span class="badge" title="site">east</span>' in east
+    plain = html[html.index('id="host-plain1"'):]
+    assert 'title="site"' not in plain.split("</h2>")[0]  # a host in no named site shows none
