@@ -37,7 +37,7 @@ from .devices import Device
 from .inventory import HostRecord, Inventory
 from .state import FleetState
 from .lab_net import LabNetwork, hook_script
-from .lab_wan import Wan, shaping, site_names
+from .lab_wan import Wan, latency, shaping, site_names
 from .lab_pki import LabPKI, render_role_template
 from .lab_services import Services
 from .paths import Paths
@@ -187,11 +187,14 @@ class Lab:
             inventory = Inventory(FleetState(services.url).r)
             for r in records:
                 inventory.add(r, replace=True)
-            self._write_state({"accel": accel, "tls": self.tls, "sites": sites,
-                               "wan": wan.as_dict() if sites > 1 else None})
+            state = {"accel": accel, "tls": self.tls, "sites": sites,
+                     "wan": wan.as_dict() if sites > 1 else None}
+            self._write_state(state)
             LabNetwork(self.paths, BRIDGE, self.log).up(
                 {h.name: (h.namespace, h.ip, h.index) for h in self.running_hosts()})
-            self._shape_wan({r.name: r.site for r in records}, wan if sites > 1 else None)
+            delayed = self._shape_wan({r.name: r.site for r in records},
+                                      wan if sites > 1 else None)
+            self._write_state(state | {"wan_latency": sites > 1 and delayed})
             if self.tls:  # each host's worker dials libvirt with its host's certificate
                 for h in self.running_hosts():
                     LabPKI.install_client(services.node_home(h.name), self._host_dir(h) / "pki")
@@ -202,25 +205,44 @@ class Lab:
             self._snapshot_hosts()
             return records
 
-    def _shape_wan(self, site_of: dict[str, str], wan: Wan | None) -> None:
-        """Each host sends to the hosts of other sites over the WAN; within its site, the LAN."""
+    def _shape_wan(self, site_of: dict[str, str], wan: Wan | None) -> bool:
+        """Each host sends to the hosts of other sites over the WAN; within its site, the LAN.
+        Returns whether the WAN's latency (and loss) are there too: not on a kernel without
+        `sch_netem`, where the WAN is its rate only (said in the log)."""
         running = self.running_hosts()
+        delayed = wan is not None
         for h in running:
             far = [o.ip for o in running if site_of.get(o.name, "") != site_of.get(h.name, "")]
             for cmd in shaping("eth0", far, wan):
-                proc = subprocess.run(["ip", "netns", "exec", h.namespace, *cmd],
-                                      capture_output=True, text=True)
+                proc = self._tc(h, cmd)
                 if proc.returncode and cmd[2] != "del":  # nothing to take away is fine
                     raise VmmgrError(f"shaping {h.name}'s WAN: {' '.join(cmd)}: "
                                      f"{proc.stderr.strip()}")
+            delay = latency("eth0", wan) if wan is not None and far else None
+            if delay is not None:
+                proc = self._tc(h, delay)
+                if proc.returncode and "unknown" in proc.stderr:
+                    delayed = False
+                elif proc.returncode:
+                    raise VmmgrError(f"shaping {h.name}'s WAN: {' '.join(delay)}: "
+                                     f"{proc.stderr.strip()}")
         if wan is not None:
             self.log(f"sites: {', '.join(f'{n} in {s}' for n, s in sorted(site_of.items()))}; "
-                     f"between sites {wan.words()}")
+                     f"between sites {wan.words() if delayed else f'{wan.rate_mbit:g} Mbit/s'}"
+                     + ("" if delayed else " (no latency or loss: this kernel has no sch_netem)"))
+        return delayed
 
-    def sites(self) -> tuple[int, Wan | None]:
-        """The lab's sites as last set up, and the WAN between them."""
+    @staticmethod
+    def _tc(h: LabHost, cmd: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", h.namespace, *cmd], capture_output=True,
+                              text=True)
+
+    def sites(self) -> tuple[int, Wan | None, bool]:
+        """The lab's sites as last set up, the WAN between them, and whether its latency and loss
+        are there (False on a kernel without sch_netem: the rate only)."""
         state = self._read_state()
-        return state.get("sites", 1), Wan(**state["wan"]) if state.get("wan") else None
+        return (state.get("sites", 1), Wan(**state["wan"]) if state.get("wan") else None,
+                bool(state.get("wan_latency")))
 
     def _snapshot_hosts(self) -> None:
         """The hosts as they answer now, for the admission checks (which read the last

@@ -2,8 +2,10 @@
 loss) on the links between hosts of different sites; within a site, the plain LAN.
 
 Each host shapes what it sends to a host of another site (so a round trip crosses the delay
-twice): a `prio` qdisc on its link, a fourth band that only the filters for far hosts reach, and
-netem on that band. The edge stays one hop from every site. Pure functions build the commands."""
+twice): an `htb` qdisc on its link, a class at the WAN's rate that only the filters for far hosts
+reach, and netem under that class for the latency and loss. A kernel without `sch_netem` (this
+machine's, see the README) gets the rate only. The edge stays one hop from every site. Pure
+functions build the commands.""" 
 
 from dataclasses import asdict, dataclass
 
@@ -36,22 +38,30 @@ def site_names(hosts: int, sites: int) -> list[str]:
 
 
 def shaping(dev: str, far: list[str], wan: Wan | None) -> list[list[str]]:
-    """The `tc` commands that make `dev` send to the addresses in `far` over `wan` (and nothing
-    else); with no WAN or no far host, the commands that take any shaping away."""
+    """The `tc` commands that make `dev` send to the addresses in `far` at the WAN's rate (and
+    everything else as before); with no WAN or no far host, the commands that take any shaping
+    away. The latency and loss are `latency`'s, on the WAN's class."""
     clear = [["tc", "qdisc", "del", "dev", dev, "root"]]
     if wan is None or not far:
         return clear
-    netem = ["delay", f"{wan.delay_ms:g}ms", "rate", f"{wan.rate_mbit:g}mbit"]
-    if wan.loss_pct:
-        netem += ["loss", f"{wan.loss_pct:g}%"]
     cmds = clear + [
-        # Bands 1-3 as pfifo_fast would use them; band 4 only for the filters below.
-        ["tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "prio", "bands", "4",
-         "priomap", *"1 2 2 2 1 2 0 0 1 1 1 1 1 1 1 1".split()],
-        ["tc", "qdisc", "add", "dev", dev, "parent", "1:4", "handle", "40:", "netem",
-         "limit", "10000", *netem],
+        ["tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
+        # The LAN: far above what a veth carries here, so only the WAN class shapes.
+        ["tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
+         "rate", "40gbit", "quantum", "200000"],
+        ["tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb",
+         "rate", f"{wan.rate_mbit:g}mbit", "quantum", "60000"],
     ]
     for ip in far:
         cmds.append(["tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio",
-                     "1", "u32", "match", "ip", "dst", f"{ip}/32", "flowid", "1:4"])
+                     "1", "u32", "match", "ip", "dst", f"{ip}/32", "flowid", "1:20"])
     return cmds
+
+
+def latency(dev: str, wan: Wan) -> list[str] | None:
+    """netem under the WAN's class: its delay and loss (None: neither asked for)."""
+    if not wan.delay_ms and not wan.loss_pct:
+        return None
+    cmd = ["tc", "qdisc", "add", "dev", dev, "parent", "1:20", "handle", "20:", "netem",
+           "limit", "10000", "delay", f"{wan.delay_ms:g}ms"]
+    return cmd + (["loss", f"{wan.loss_pct:g}%"] if wan.loss_pct else [])

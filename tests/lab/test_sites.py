@@ -1,10 +1,11 @@
 """Sites in the lab (issue 18's first part): hosts grouped into sites with a WAN between them
-(netem on the links between sites), the inventory knowing each host's site, and placement
+(htb, and netem where the kernel has it, on the links between sites), the inventory knowing each host's site, and placement
 keeping moves inside a site while it has room. The lab's storage is still shared by every
 site: moves without shared storage are not built yet (see the README)."""
 
 import json
 import subprocess
+import sys
 
 from vmmgr.state import FleetState
 
@@ -12,10 +13,18 @@ from .conftest import assert_contiguous, cli, ticks, wait_ticks, where_defined
 
 
 def rtt_ms(namespace: str, ip: str) -> float:
-    """The smallest of five pings' round trips."""
-    out = subprocess.run(["ip", "netns", "exec", namespace, "ping", "-c", "5", "-i", "0.2", "-q",
-                          ip], capture_output=True, text=True, check=True).stdout
-    return float(out.rsplit("=", 1)[1].split("/")[0])  # rtt min/avg/max/mdev = a/b/c/d ms
+    """The smallest of five TCP handshakes' times to the host's libvirtd (one round trip each;
+    the machine has no ping)."""
+    probe = ("import socket, time\n"
+             "best = 1e9\n"
+             "for _ in range(5):\n"
+             "    t = time.monotonic()\n"
+             f"    socket.create_connection(({ip!r}, 16514), timeout=5).close()\n"
+             "    best = min(best, time.monotonic() - t)\n"
+             "print(best * 1000)\n")
+    out = subprocess.run(["ip", "netns", "exec", namespace, sys.executable, "-c", probe],
+                         capture_output=True, text=True, check=True).stdout
+    return float(out)
 
 
 def test_moves_stay_in_their_site_and_cross_the_wan_only_when_it_is_full(lab, make_vm, fleet,
@@ -27,8 +36,10 @@ def test_moves_stay_in_their_site_and_cross_the_wan_only_when_it_is_full(lab, ma
                                                                check_code=0).stdout)}
         assert hosts == {"host1": "site1", "host2": "site1", "host3": "site2"}
         assert "site" in cli("host", "list", check_code=0).stdout.splitlines()[0]
-        # 40 ms between sites (20 ms each way), the LAN inside one.
-        assert rtt_ms("vmmgr-host1", "10.77.0.13") >= 39
+        # 40 ms between sites (20 ms each way) where the kernel has sch_netem (this machine's
+        # has not: the WAN is its rate alone, measured below); the LAN inside a site.
+        if lab.sites()[2]:
+            assert rtt_ms("vmmgr-host1", "10.77.0.13") >= 39
         assert rtt_ms("vmmgr-host1", "10.77.0.12") < 10
 
         make_vm("roomy", host="host2", memory=256)  # host3 has more room than host2 now

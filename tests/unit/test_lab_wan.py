@@ -2,7 +2,7 @@
 
 import pytest
 
-from vmmgr.lab_wan import Wan, shaping, site_names
+from vmmgr.lab_wan import Wan, latency, shaping, site_names
 
 
 def test_consecutive_hosts_share_a_site_as_evenly_as_may_be():
@@ -20,17 +20,22 @@ def test_a_site_without_a_host_is_refused():
 def test_only_the_far_hosts_are_sent_over_the_wan():
     cmds = shaping("eth0", ["10.77.0.13"], Wan(20, 200))
     assert cmds[0] == ["tc", "qdisc", "del", "dev", "eth0", "root"]
-    netem = next(c for c in cmds if "netem" in c)
-    assert netem[netem.index("delay") + 1] == "20ms" and netem[netem.index("rate") + 1] == "200mbit"
-    assert "loss" not in netem
+    wan_class = next(c for c in cmds if "1:20" in c and c[1] == "class")
+    assert wan_class[wan_class.index("rate") + 1] == "200mbit"
+    root = next(c for c in cmds if c[1] == "qdisc" and "root" in c and c[2] == "add")
+    assert root[root.index("default") + 1] == "10"  # everything else: the LAN class
     filters = [c for c in cmds if c[1] == "filter"]
     assert [f[f.index("dst") + 1] for f in filters] == ["10.77.0.13/32"]
-    assert all(f[-1] == "1:4" for f in filters)  # the netem band, and nothing else goes there
+    assert all(f[-1] == "1:20" for f in filters)  # the WAN class, and nothing else goes there
 
 
-def test_loss_is_shaped_when_asked_for():
-    netem = next(c for c in shaping("eth0", ["10.77.0.12"], Wan(40, 100, 0.5)) if "netem" in c)
-    assert netem[netem.index("loss") + 1] == "0.5%"
+def test_the_latency_and_loss_go_under_the_wan_class():
+    delay = latency("eth0", Wan(20, 200))
+    assert delay[delay.index("parent") + 1] == "1:20" and "netem" in delay
+    assert delay[delay.index("delay") + 1] == "20ms" and "loss" not in delay
+    lossy = latency("eth0", Wan(40, 100, 0.5))
+    assert lossy[lossy.index("loss") + 1] == "0.5%"
+    assert latency("eth0", Wan(0, 100)) is None  # a rate alone needs no netem
 
 
 def test_no_wan_or_no_far_host_takes_the_shaping_away():
