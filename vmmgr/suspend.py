@@ -340,7 +340,8 @@ def came_back(segment: Path, guest, timeout: float, poll: float = 0.5) -> bool |
     line a moment later means restored. None: neither within `timeout`."""
     def first_line() -> str | None:
         try:
-            text = segment.read_bytes().decode(errors="replace").replace("\r", "")
+            with open(segment, "rb") as f:  # the head only: a chatty guest's log grows fast
+                text = f.read(4096).decode(errors="replace").replace("\r", "")
         except FileNotFoundError:
             return None
         return text.split("\n", 1)[0].strip() if "\n" in text else None
