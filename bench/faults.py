@@ -147,6 +147,18 @@ def worker_mid_hibernation(c: Lab3, fleet: Fleet) -> None:
         c.cli("vm", "resume", GPU, "--host", "host2")
 
 
+@fault("worker SIGKILLed while a hibernated VM's resume waits for it to restore",
+       (DIRTY, COUNT, GPU))
+def worker_mid_restore_wait(c: Lab3, fleet: Fleet) -> None:
+    # The resume boots the VM on host2, then waits for the guest to show whether its image
+    # restored: killed in that wait, the VM already runs there and its save is gone.
+    c.cli("vm", "suspend", GPU, "--mode", "guest")
+    task = c.task_of(c.cli("vm", "resume", GPU, "--host", "host2", "--no-wait"))
+    wait(lambda: fleet.host("host2").find_guest(GPU) is not None, 60, "the resume never booted it")
+    c.kill_worker_of(task)
+    c.lab.up(3)
+
+
 @fault("worker SIGKILLed mid-migration")
 def worker_mid_migration(c: Lab3, fleet: Fleet) -> None:
     task = c.task_of(c.cli("migrate", DIRTY, "--to", "host2", "--bandwidth", "20", "--no-wait"))
