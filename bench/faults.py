@@ -157,6 +157,12 @@ def worker_mid_restore_wait(c: Lab3, fleet: Fleet) -> None:
     wait(lambda: fleet.host("host2").find_guest(GPU) is not None, 60, "the resume never booted it")
     c.kill_worker_of(task)
     c.lab.up(3)
+    # the redelivered task finds it back, writes the record and waits again for the guest's sign
+    ended = wait(lambda: c.state.task(task).get("outcome"), VISIBILITY_TIMEOUT + 180,
+                 "the resume's rerun never ended")
+    result = json.loads(ended).get("result") or {}
+    if not (result.get("already_done") and result.get("restored") is True):
+        raise AssertionError(f"the rerun did not say the guest came back restored: {ended}")
 
 
 @fault("worker SIGKILLed mid-migration")

@@ -236,13 +236,19 @@ def resume(fleet: Fleet, report: Report, vm: str, host: str | None = None) -> di
 def _resume(fleet: Fleet, report: Report, vm: str, host: str | None) -> dict:
     _recovered(fleet, report, vm)
     if report.rerun and not fleet.is_suspended(vm) and fleet.find(vm) is not None:
-        return {"vm": vm, "host": fleet.locate(vm).host_name, "already_done": True}
+        return _resumed_before(fleet, report, vm)
     fleet.state.record("resuming", vm, {"target": host or ""})
     try:
         result = suspension.resume(fleet, vm, host)
     except VmmgrError:
         record_truth(fleet, vm)
         raise
+    _say_resumed(fleet, report, result)
+    return asdict(result)
+
+
+def _say_resumed(fleet: Fleet, report: Report, result: suspension.Resumed) -> None:
+    vm = result.vm
     stored(lambda: fleet.state.record("resumed", vm, asdict(result)))
     words = (f"resumed on {result.host} ({result.restore_ms} ms)" if result.state == "running"
              else f"stopped, its definition back on {result.host}")
@@ -251,7 +257,25 @@ def _resume(fleet: Fleet, report: Report, vm: str, host: str | None) -> dict:
                  f"afresh and what it had in memory is lost (its disks are as it left them)")
     stored(lambda: report.event(f"{vm}: {words}", vm=vm, host=result.host,
                                 kind="error" if result.restored is False else "info"))
-    return asdict(result)
+
+
+def _resumed_before(fleet: Fleet, report: Report, vm: str) -> dict:
+    """A rerun finds the VM back: its first run died after the boot. If that run had not
+    recorded it yet, the record is finished here, and for a hibernated guest the wait it died
+    in is done again, so the answer still says whether the guest came back where it stopped."""
+    guest = fleet.locate(vm)
+    record = stored(lambda: fleet.state.vm(vm)) or {}
+    # "resumed" clears saved_as; an observer that saw the VM run meanwhile leaves it
+    if record.get("state") != "resuming" and not record.get("saved_as"):
+        return {"vm": vm, "host": guest.host_name, "already_done": True}
+    restored, segment = None, guest.console_path()
+    if record.get("saved_as") == "hibernated" and guest.workload() and segment:
+        restored = suspension.came_back(segment, guest, suspension.RESTORE_WAIT)
+    result = suspension.Resumed(vm, guest.host_name, 0, 0.0,
+                                state="running" if guest.is_active() else "shutoff",
+                                restored=restored)
+    _say_resumed(fleet, report, result)
+    return {**asdict(result), "already_done": True}
 
 
 def park_stopped(fleet: Fleet, report: Report, vm: str, why: str) -> dict:
