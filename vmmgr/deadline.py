@@ -8,19 +8,22 @@ measures, asks, carries the plan out and asks again as each move ends, with the 
 
 The model. Migrations share the link and saves share the storage, and the two run side by side.
 A migration stream gets `link_mibps` until `link_total_mibps` is shared out, so running more
-streams than `link_total / link` at once buys nothing ("streams that pay"). Pre-copy sends the
-memory once and then what the guest dirtied meanwhile: about `memory / (bw - dirty)` in all. A
-guest that dirties more than half the stream's rate is switched to post-copy after its first pass
-(`memory / bw`), which is bounded whatever it dirties. A save writes the memory once (the guest
-is paused); a guest hibernation does the same from inside the guest, with the boot and the
-shutdown around it. Each move also pays a fixed overhead (setup, switch-over, records).
+streams than `link_total / link` (rounded) at once buys nothing ("streams that pay"). Pre-copy
+sends the memory once and then what the guest dirtied meanwhile: about `memory / (bw - dirty)` in
+all. A guest that dirties more than half the stream's rate is switched to post-copy after its
+first pass (`memory / bw`), which is bounded whatever it dirties. A save writes the memory once
+(the guest is paused); a guest hibernation does the same from inside the guest, with the boot
+and the shutdown around it. Each move also pays a fixed overhead (setup, switch-over, records).
 
 Choices, in order: every VM safe before the deadline; then as many VMs as possible still running
 (migrated rather than parked); then the earliest end. A job's VMs (`group`) go the same way: all
-migrate, or all are parked and resumed together. Within a resource, the shortest moves go first,
-so at any instant as many VMs as possible are already safe, and if the estimate proves optimistic
-the fewest miss. When not everything can be safe in time the plan says so (`late`) before anything
-starts, and still saves the most it can.
+migrate, or all are parked and resumed together. On the link the longest moves go first: the
+move whose estimate is least sure (a big or busy guest) gets the most slack, and the short ones
+behind it can still be re-planned into saves if the link proves slower. Saves, whose time is
+sure, go shortest first, so that as many VMs as possible are safe early. Where longest-first
+would leave more VMs late than shortest-first (a deadline nothing meets), shortest-first is
+kept. When not everything can be safe in time the plan says so (`late`) before anything starts,
+and still saves the most it can.
 """
 
 from dataclasses import dataclass, field, replace
@@ -41,8 +44,22 @@ class Rates:
     hibernate_overhead_s: float = 10.0  # the guest's own suspend and power-off
 
     @property
-    def link_streams(self) -> int:
-        return max(1, int(self.link_total_mibps // max(self.link_mibps, 1e-9)))
+    def link_streams(self) -> int:  # streams that fill the link while they copy
+        return streams_that_pay(self.link_total_mibps, self.link_mibps)
+
+    def streams_for(self, memory_mib: float) -> int:
+        """Migrations at once that pay for moves of about `memory_mib` each. A move holds the
+        link only while it copies: while it sets up and switches over (`overhead_s`) the link
+        idles unless another move copies meanwhile."""
+        copy_s = memory_mib / max(self.link_mibps, 1e-9)
+        use = self.link_mibps * copy_s / (copy_s + self.overhead_s)  # a stream's mean rate
+        return min(MAX_STREAMS, streams_that_pay(self.link_total_mibps, use))
+
+
+def streams_that_pay(total_mibps: float, stream_mibps: float) -> int:
+    """Streams at once over a link: one more pays while it adds at least half a stream's worth
+    (a link of 1.9 streams' rate left at one stream idles almost half of it)."""
+    return max(1, int(total_mibps / max(stream_mibps, 1e-9) + 0.5))
 
 
 @dataclass(frozen=True)
@@ -77,6 +94,7 @@ class Plan:
     moves: list[Move]
     deadline_s: float
     late: list[str] = field(default_factory=list)  # estimated to miss the deadline
+    link_streams: int = 1  # migrations at once
 
     @property
     def feasible(self) -> bool:
@@ -159,8 +177,20 @@ def _stream(c: Candidate, bw_mibps: float) -> float:
     return min(bw_mibps, c.link_mibps) if c.link_mibps else bw_mibps
 
 
-def _schedule(units, on_link: set[str], deadline_s: float, rates: Rates) -> Plan:
-    link_bw = min(rates.link_mibps, rates.link_total_mibps / rates.link_streams)
+def _schedule(units, on_link: set[str], deadline_s: float, rates: Rates,
+              streams: int | None = None) -> Plan:
+    """The link's moves longest first, unless shortest first leaves fewer VMs late."""
+    longest = _schedule_in(units, on_link, deadline_s, rates, streams, longest_first=True)
+    shortest = _schedule_in(units, on_link, deadline_s, rates, streams, longest_first=False)
+    return shortest if _late(shortest) < _late(longest) else longest
+
+
+def _schedule_in(units, on_link: set[str], deadline_s: float, rates: Rates,
+                 streams: int | None, longest_first: bool) -> Plan:
+    if streams is None:  # the planner's: as many as pay for the moves it puts on the link
+        sizes = sorted(m.memory_mib for k in on_link for m in units[k]) or [0]
+        streams = rates.streams_for(sizes[len(sizes) // 2])
+    link_bw = min(rates.link_mibps, rates.link_total_mibps / streams)
     save_bw = rates.storage_mibps / max(1, rates.save_streams)
     link_jobs, storage_jobs = [], []
     for key, members in units.items():
@@ -178,16 +208,18 @@ def _schedule(units, on_link: set[str], deadline_s: float, rates: Rates) -> Plan
                        f"its job {m.group!r} moves as one and a peer cannot migrate"
                        if not _can_migrate(members) else "the link cannot carry it in time")
                 storage_jobs.append((secs, m, how, target, why))
-    moves = (_list_schedule(link_jobs, rates.link_streams)
+    moves = (_list_schedule(link_jobs, streams, longest_first)
              + _list_schedule(storage_jobs, rates.save_streams))
-    return Plan(sorted(moves, key=lambda mv: (mv.start_s, mv.vm)), deadline_s)
+    return Plan(sorted(moves, key=lambda mv: (mv.start_s, mv.vm)), deadline_s,
+                link_streams=streams)
 
 
-def _list_schedule(jobs, slots: int) -> list[Move]:
-    """Shortest first onto whichever of `slots` frees first."""
+def _list_schedule(jobs, slots: int, longest_first: bool = False) -> list[Move]:
+    """Shortest (or longest) first onto whichever of `slots` frees first."""
     free = [0.0] * max(1, slots)
     moves = []
-    for secs, vm, how, target, why in sorted(jobs, key=lambda j: (j[0], j[1].name)):
+    sign = -1 if longest_first else 1
+    for secs, vm, how, target, why in sorted(jobs, key=lambda j: (sign * j[0], j[1].name)):
         i = min(range(len(free)), key=free.__getitem__)
         moves.append(Move(vm.name, how, target, free[i], free[i] + secs, why))
         free[i] += secs
@@ -196,6 +228,10 @@ def _list_schedule(jobs, slots: int) -> list[Move]:
 
 def _end(p: Plan) -> float:
     return p.end_s
+
+
+def _late(p: Plan) -> int:
+    return sum(m.end_s > p.deadline_s for m in p.moves)
 
 
 def _better(a: Plan, b: Plan, deadline_s: float) -> bool:
@@ -224,7 +260,8 @@ def naive(vms: list[Candidate], strategy: str, deadline_s: float,
         on_link = {key for key, members in units.items() if _can_migrate(members)}
     else:
         raise ValueError(f"unknown strategy {strategy!r} (known: {', '.join(NAIVE)})")
-    p = _schedule(units, on_link, deadline_s, run_with)
+    p = _schedule_in(units, on_link, deadline_s, run_with, run_with.link_streams,
+                     longest_first=False)
     p.late = sorted(m.vm for m in p.moves if m.end_s > deadline_s)
     return p, run_with
 

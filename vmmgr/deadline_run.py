@@ -84,8 +84,8 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
     starts, it is re-planned on the rates measured so far and turns into a save if it would
     now end after the deadline while a save would not (that save queues first for storage,
     within its streams like the planned ones). When migrations prove slower than the
-    link (a stream bound by the CPU or by latency), more run at once: as many as the link's
-    total holds at the measured rate of one."""
+    link (a stream bound by the CPU or by latency), more run at once: as many as pay at the
+    measured rate of one (`Rates.streams_for`)."""
     lock = threading.Lock()
     queues = {"link": [m for m in plan.moves if m.resource == "link"],
               "storage": [m for m in plan.moves if m.resource == "storage"]}
@@ -174,7 +174,7 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
                 seen[kind] = rate if not samples[kind] else 0.5 * seen[kind] + 0.5 * rate
                 samples[kind] += 1
             if kind == "link" and replanning:
-                pay = int(rates.link_total_mibps // max(seen["link"], 1e-9))
+                pay = replace(rates, link_mibps=seen["link"]).streams_for(c.memory_mib)
                 while len(running["link"]) < min(MAX_STREAMS, pay, len(queues["link"]) +
                                                  len(running["link"])):
                     start("link")
@@ -196,7 +196,7 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
         t.start()
 
     with lock:
-        for resource, n in (("link", rates.link_streams), ("storage", rates.save_streams)):
+        for resource, n in (("link", plan.link_streams), ("storage", rates.save_streams)):
             for _ in range(min(n, MAX_STREAMS) if replanning else n):  # naive: as told
                 start(resource)
     joined = 0

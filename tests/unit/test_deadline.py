@@ -15,7 +15,15 @@ def test_everything_migrates_when_the_link_makes_it_in_time():
     p = plan(vms, 30, RATES)
     assert p.feasible and set(hows(p).values()) == {"migrate"}
     assert p.end_s < 30 and "all safe" in p.summary()
-    # two streams pay (200 / 100): the third waits for the first to end
+    # a 128 MiB move copies for 1.3 s and sets up and switches over for 1.5 s: four streams at
+    # once fill the 200 MiB/s that two would fill only while they copy
+    assert p.link_streams == 4 and [m.start_s for m in p.moves] == [0, 0, 0]
+
+
+def test_two_streams_that_fill_the_link_leave_a_third_move_waiting():
+    rates = Rates(link_mibps=100, link_total_mibps=200, storage_mibps=200, overhead_s=0.0)
+    p = plan([Candidate(f"v{i}", 128, target="h2") for i in range(3)], 30, rates)
+    assert p.link_streams == 2
     assert sorted(m.start_s for m in p.moves) == [0, 0, p.moves[0].end_s]
 
 
@@ -35,7 +43,8 @@ def test_a_guest_that_dirties_faster_than_pre_copy_can_chase_moves_by_post_copy(
               Candidate("calm", 512, dirty_mibps=5, target="h2")], 60, RATES)
     assert hows(p) == {"busy": "postcopy", "calm": "migrate"}
     busy = next(m for m in p.moves if m.vm == "busy")
-    assert busy.end_s - busy.start_s == 512 / 100 + 1.5  # one pass, bounded whatever it dirties
+    # one pass at its share of the link, bounded whatever it dirties
+    assert busy.end_s - busy.start_s == 512 / min(100, 200 / p.link_streams) + 1.5
 
 
 def test_no_room_means_a_save_and_a_device_means_a_hibernation():
@@ -113,3 +122,31 @@ def test_a_move_over_a_slow_wan_is_costed_at_the_rate_it_measured():
     [move] = roomy.moves
     assert move.how == "migrate" and 40 < move.end_s < 50
     assert move.reason == "h3 has room, over a link measured at 24 MiB/s"
+
+
+def test_a_stream_that_fills_most_of_what_is_left_pays():
+    """A migration measured at 25 MiB/s on a 47 MiB/s link leaves 22 idle at one stream: two
+    run at once. One that leaves less than half a stream's worth does not add one."""
+    from vmmgr.deadline import streams_that_pay
+    assert streams_that_pay(47, 25) == 2
+    assert streams_that_pay(47, 40) == 1
+    assert streams_that_pay(220, 110) == 2
+    assert streams_that_pay(10, 50) == 1
+    two = plan([Candidate(f"v{i}", 128, target="h2") for i in range(4)], 600,
+               Rates(link_mibps=25, link_total_mibps=47, storage_mibps=200))
+    assert sorted(m.start_s for m in two.moves)[:2] == [0.0, 0.0]
+
+
+def test_on_the_link_the_longest_move_starts_first_so_it_has_the_most_slack():
+    rates = Rates(link_mibps=100, link_total_mibps=100, storage_mibps=200, overhead_s=0.0)
+    p = plan([Candidate("small", 100, target="h2"), Candidate("big", 1000, target="h2"),
+              Candidate("mid", 300, target="h2")], 60, rates)
+    assert [m.vm for m in sorted(p.moves, key=lambda m: m.start_s)] == ["big", "mid", "small"]
+
+
+def test_a_deadline_not_all_can_meet_keeps_shortest_first_to_save_the_most():
+    slow_storage = Rates(link_mibps=100, link_total_mibps=100, storage_mibps=1, overhead_s=0.0)
+    p = plan([Candidate("a", 100, target="h2"), Candidate("b", 100, target="h2"),
+              Candidate("big", 1000, target="h2")], 10.5, slow_storage)
+    # longest first would leave both small ones late; shortest first, only the big one
+    assert p.late == ["big"] and "cannot save everything" in p.summary()
