@@ -150,7 +150,8 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
         how = {"migrate": "migrate", "postcopy": "migrate", "suspend": "suspend",
                "hibernate": "hibernate" if move.target else "suspend"}[move.how]
         step = Step(move.vm, how, move.target, move.reason,
-                    policy="never-fail" if move.how == "postcopy" else None)
+                    policy="never-fail" if move.how == "postcopy" else None,
+                    early_postcopy=move.how == "postcopy")
         try:
             run_step(fleet, report, step, outcome, slots, deadline=True)
         except Exception as err:  # noqa: BLE001 - one VM's surprise must not stop the rest
@@ -170,7 +171,7 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
                     "storage" if move.vm in outcome.suspended and move.how == "suspend"
                     else None)
             if kind:  # the first measurement replaces the prior; later ones average in
-                rate = c.memory_mib / max(0.1, spent - rates.overhead_s)
+                rate = rates.sent_mib(c.memory_mib) / max(0.1, spent - rates.overhead_s)
                 seen[kind] = rate if not samples[kind] else 0.5 * seen[kind] + 0.5 * rate
                 samples[kind] += 1
             if kind == "link" and replanning:
@@ -263,13 +264,17 @@ def _link(fleet: Fleet, source: str, target: str | None) -> float | None:
 
 
 def measured_rates(r) -> deadline.Rates:
-    """The defaults, with the bandwidths measured by earlier reclaims where there are some."""
+    """The defaults, with what earlier moves measured where there is some: the bandwidths
+    (reclaims), the share of memory a move sends and its time outside the copy (every live
+    migration, `FleetState.learn_move`)."""
     seen = r.hgetall(RATES) or {}
     base = deadline.Rates()
     link = _positive(seen.get("link_mibps")) or base.link_mibps
     storage = _positive(seen.get("storage_mibps")) or base.storage_mibps
+    sent = min(1.0, _positive(seen.get("sent_fraction")) or base.sent_fraction)
+    overhead = _positive(seen.get("overhead_s")) or base.overhead_s
     return replace(base, link_mibps=link, link_total_mibps=max(base.link_total_mibps, link),
-                   storage_mibps=storage)
+                   storage_mibps=storage, sent_fraction=sent, overhead_s=overhead)
 
 
 def _remember(r, seen: dict, rates: deadline.Rates) -> None:

@@ -182,7 +182,8 @@ def migrate(
         if guest.state() != "running":
             raise Conflict(f"VM {vm!r} is {guest.state()}: only a running VM is live-migrated")
         require_live_migratable(guest)
-        reason = refusal(dest.capacity(), guest.memory_mib(), guest.vcpus())
+        memory_mib = guest.memory_mib()
+        reason = refusal(dest.capacity(), memory_mib, guest.vcpus())
         if reason:
             raise Conflict(f"host {target} has no room for {vm}: {reason}")
         lease.check()
@@ -198,6 +199,10 @@ def migrate(
         if result.link_mibps and not policy.bandwidth_mibps:  # a capped move says nothing of it
             try:
                 fleet.state.set_link_mibps(source, target, result.link_mibps)
+                if not result.postcopy:  # a post-copy's time says nothing of a set-up's
+                    fleet.state.learn_move(
+                        min(1.0, result.bytes_transferred / 2**20 / max(1, memory_mib)),
+                        max(0.0, (result.wall_ms - result.total_ms) / 1000))
             except redis.RedisError:
                 pass  # the next move over the link measures it again
         return result

@@ -89,8 +89,9 @@ def _recorded(spec) -> dict:
 
 
 def migrate(fleet: Fleet, report: Report, vm: str, target: str, policy: str | None = None,
-            bandwidth: int | None = None) -> dict:
-    chosen = get_policy(policy, bandwidth)
+            bandwidth: int | None = None, **steer) -> dict:
+    """`steer`: fields of the policy set for this move only (`policy.EARLY_POSTCOPY`)."""
+    chosen = get_policy(policy, bandwidth, **steer)
     with fleet.lock_vm(vm, f"migration of {vm} to {target}"):
         return _migrate(fleet, report, vm, target, chosen)
 

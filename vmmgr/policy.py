@@ -90,6 +90,11 @@ POLICIES = {
     )
 }
 DEFAULT_POLICY = "balanced"
+# What the deadline planner's "postcopy" means: a guest that outpaces the link switches to
+# post-copy about a second after its first pass, so the move's time is bounded by its memory
+# (never-fail alone steps the downtime limit up for 8 s and waits 3 s more before it does).
+EARLY_POSTCOPY = {"downtime_steps": 1, "downtime_step_after_s": 0.5,
+                  "postcopy_after_stall_s": 0.5}
 # 1 TiB/s: more than any link; libvirt's own ceiling (INT64_MAX bytes/s) would overflow its
 # typed parameter from Python long before, and the migration would fail after it started.
 MAX_BANDWIDTH_MIBPS = 1024 * 1024

@@ -24,6 +24,7 @@ from .fleet import Fleet
 from .guest import Guest, read_each
 from .host import Capacity, Host
 from .placement import choose_host
+from .policy import EARLY_POSTCOPY
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Step:
     target: str | None
     reason: str
     policy: str | None = None  # the migration policy; None: the default
+    early_postcopy: bool = False  # post-copy right after the first pass (a deadline's choice)
 
 
 @dataclass(frozen=True)
@@ -204,7 +206,8 @@ def run_step(fleet, report, step: Step, outcome, slots: dict, deadline: bool) ->
             with slots[step.target]:
                 report.event(f"{step.vm}: migrating to {step.target} ({step.reason})", vm=step.vm)
                 try:
-                    operations.migrate(fleet, report, step.vm, step.target, step.policy)
+                    operations.migrate(fleet, report, step.vm, step.target, step.policy,
+                                       **(EARLY_POSTCOPY if step.early_postcopy else {}))
                 except VmmgrError as err:
                     if not deadline:
                         raise

@@ -335,6 +335,18 @@ class FleetState:
     def set_link_mibps(self, source: str, target: str, mibps: float) -> None:
         self.r.hset(P + "links", f"{source}>{target}", f"{mibps:.1f}")
 
+    # ---- what moves teach the deadline planner (`deadline_run.measured_rates`) ---------------
+
+    def learn_move(self, sent_fraction: float, overhead_s: float) -> None:
+        """A live migration's share of the VM's memory that went on the wire (untouched pages
+        go as zero flags) and its wall time outside QEMU's copy; each a running average in
+        which the newest move weighs a quarter."""
+        old = self.r.hmget(P + "rates", "sent_fraction", "overhead_s")
+        new = [x if not o else 0.75 * float(o) + 0.25 * x
+               for x, o in zip((sent_fraction, overhead_s), old)]
+        self.r.hset(P + "rates", mapping={"sent_fraction": f"{new[0]:.3f}",
+                                          "overhead_s": f"{new[1]:.2f}"})
+
     # ---- hosts (a snapshot written by reconcile) ---------------------------------------------
 
     def set_hosts(self, hosts: dict[str, dict]) -> None:

@@ -160,3 +160,25 @@ def test_an_operators_choice_and_a_post_copy_promise_are_kept_on_a_slow_link():
                    get_policy("safe", parallel_connections=4),
                    get_policy("safe", compression="xbzrle")):
         assert for_link(policy, 5.0) == (policy, "")
+
+
+def _first_postcopy_at(policy, first_pass_s: float = 5.0) -> float | None:
+    """A guest that outpaces the link: after its first pass every pass peaks as high."""
+    from vmmgr.policy import StartPostCopy, decide, start
+    w, _ = start(policy, 0.0)
+    t = 0.0
+    while t < 60:
+        t = round(t + 0.2, 1)
+        iteration = 1 if t < first_pass_s else 2 + int((t - first_pass_s) // 2)
+        w, actions = decide(policy, w, 100 if iteration == 1 else 80, iteration, t)
+        if any(isinstance(a, StartPostCopy) for a in actions):
+            return t - first_pass_s
+    return None
+
+
+def test_a_deadlines_early_postcopy_starts_about_a_second_after_the_first_pass():
+    from vmmgr.policy import EARLY_POSTCOPY
+    early = _first_postcopy_at(get_policy("never-fail", None, **EARLY_POSTCOPY))
+    plain = _first_postcopy_at(get_policy("never-fail"))
+    assert early is not None and early <= 1.5
+    assert plain is not None and plain >= 10  # four 2 s downtime steps, then 3 s at the top

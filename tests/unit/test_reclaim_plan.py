@@ -183,3 +183,19 @@ def test_a_fleet_without_sites_plans_as_before():
     steps = plan_evacuation([VMSize("a", 300, 1)], {"h2": cap(memory=700), "h3": cap(memory=900)},
                             deadline=False, site_of={"h1": "", "h2": "", "h3": ""}, source="h1")
     assert [(s.target, s.reason) for s in steps] == [("h3", "h3 has the most room")]
+
+
+def test_a_planned_postcopy_move_is_steered_to_post_copy_right_after_its_first_pass(mocker):
+    from vmmgr import operations, reclaim
+    from vmmgr.policy import EARLY_POSTCOPY
+
+    migrated = mocker.patch.object(operations, "migrate", return_value={})
+    fleet = mocker.Mock()
+    fleet.find.return_value = mocker.Mock(is_active=lambda: True)
+    steps = [Step("busy", "migrate", "h2", "", policy="never-fail", early_postcopy=True),
+             Step("calm", "migrate", "h3", "")]
+    outcome = reclaim.EvacuationReport("h1", [], [], {}, 0.0)
+    reclaim._carry_out(fleet, steps, outcome, 2, 2, True, _Report())
+    calls = {c.args[2]: c for c in migrated.call_args_list}
+    assert calls["busy"].args[4] == "never-fail" and calls["busy"].kwargs == EARLY_POSTCOPY
+    assert calls["calm"].kwargs == {}

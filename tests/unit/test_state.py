@@ -156,3 +156,14 @@ def test_a_look_begun_before_a_whole_look_began_lands_nowhere(fleet_state):
     # An older whole look, arriving late, lands nowhere either.
     assert fleet_state.observe_vm_views({}, follower, whole=True) == []
     assert fleet_state.vm_view("a")["state"] == "suspended"
+
+
+def test_what_moves_teach_reaches_the_deadline_planners_rates(fleet_state):
+    from vmmgr.deadline_run import measured_rates
+    assert measured_rates(fleet_state.r).sent_fraction == 1.0  # nothing learnt: the defaults
+    fleet_state.learn_move(0.72, 1.2)
+    first = measured_rates(fleet_state.r)
+    assert (first.sent_fraction, first.overhead_s) == (0.72, 1.2)
+    fleet_state.learn_move(1.0, 2.0)  # the newest weighs a quarter
+    second = measured_rates(fleet_state.r)
+    assert second.sent_fraction == pytest.approx(0.79) and second.overhead_s == pytest.approx(1.4)
