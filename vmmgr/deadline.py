@@ -8,13 +8,15 @@ where placement found room; the executor (`deadline_run.reclaim_by`) measures, a
 plan out and asks again as each move ends, with the rates it saw.
 
 The model. Migrations share the link and saves share the storage, and the two run side by side.
-A migration stream gets `link_mibps` until `link_total_mibps` is shared out, so running more
-streams than `link_total / link` (rounded) at once buys nothing ("streams that pay"). Pre-copy
-sends the memory once and then what the guest dirtied meanwhile: about `memory / (bw - dirty)` in
-all. A guest that dirties more than half the stream's rate is switched to post-copy after its
-first pass (`memory / bw`), which is bounded whatever it dirties. A save writes the memory once
-(the guest is paused); a guest hibernation does the same from inside the guest, with the boot
-and the shutdown around it. Each move also pays a fixed overhead (setup, switch-over, records).
+A migration stream gets `link_mibps` until `link_total_mibps` is shared out while it copies, and
+leaves the link idle while it sets up and switches over; streams beyond what fills the link
+buy nothing ("streams that pay", `Rates.streams_for`). Pre-copy sends the memory once (what of
+it the guest touched: `sent_fraction`) and then what the guest dirtied meanwhile: about
+`memory / (bw - dirty)` in all. A guest that dirties more than half the stream's rate is
+switched to post-copy after its first pass (`memory / bw`), which is bounded whatever it
+dirties. A save writes the memory once (the guest is paused); a guest hibernation does the same
+from inside the guest, with the boot and the shutdown around it. Each move also pays a fixed
+overhead (setup, switch-over, records).
 
 Choices, in order: every VM safe before the deadline; then as many VMs as possible still running
 (migrated rather than parked); then the earliest end. A job's VMs (`group`) go the same way: all
