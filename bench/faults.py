@@ -174,6 +174,32 @@ def worker_mid_migration(c: Lab3, fleet: Fleet) -> None:
     c.lab.up(3)
 
 
+@fault("worker SIGKILLed in post-copy")
+def worker_mid_postcopy(c: Lab3, fleet: Fleet) -> str:
+    # A deadline's moves switch to post-copy early, so a worker may die once the guest already
+    # runs on host2 and pulls the rest of its memory: the move can only go forward. The source's
+    # libvirtd carries the post-copy on without its client; the redelivered task finds it ended
+    # or steers it to its end, and the VM is on host2 once, its memory whole.
+    task = c.task_of(c.cli("migrate", DIRTY, "--to", "host2", "--policy", "never-fail",
+                           "--bandwidth", "8", "--no-wait"))
+    wait(lambda: _in_postcopy(fleet, DIRTY), 120, "the migration never switched to post-copy")
+    c.kill_worker_of(task)
+    c.lab.up(3)
+    wait(lambda: c.task_state(task) in ("SUCCESS", "FAILURE")
+         and not c.state.holder("vm", DIRTY), 300, "the redelivered migration did not end")
+    where = [g.host_name for g in fleet.find_all(DIRTY)]
+    if where != ["host2"] or c.task_state(task) != "SUCCESS":
+        raise RuntimeError(f"after the post-copy: task {c.task_state(task)}, defined on {where}")
+    return f"task runs: {c.state.task(task).get('runs')}"
+
+
+def _in_postcopy(fleet: Fleet, vm: str) -> bool:
+    try:
+        return any(g.postcopy_phase() == "running" for g in fleet.find_all(vm))
+    except VmmgrError:
+        return False
+
+
 @fault("link cut in pre-copy, restored 5 s later")
 def link_cut_precopy(c: Lab3, fleet: Fleet) -> None:
     _cut_during(c, fleet, "precopy", new_only=False, expect=MigrationFailed)
