@@ -19,6 +19,9 @@ def progress_line(p: JobProgress, width: int = 24) -> str:
         return f"[{'.' * width}] preparing the destination  {p.elapsed_ms / 1000:.1f}s"
     filled = round(p.fraction * width)
     bar = "#" * filled + "." * (width - filled)
+    if p.phase == "disk":  # the local disks go first; the memory after them
+        return (f"[{bar}] {p.fraction:4.0%}  disk {p.disk_processed_bytes / MiB:.0f}/"
+                f"{p.disk_total_bytes / MiB:.0f} MiB  (memory next)  {p.elapsed_ms / 1000:.1f}s")
     limit = f"  limit {p.downtime_limit_ms} ms" if p.downtime_limit_ms is not None else ""
     throttle = f"  throttle {p.throttle_pct}%" if p.throttle_pct else ""
     phase = "  POST-COPY" if p.phase == "postcopy" else ""

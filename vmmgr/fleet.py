@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import redis
 
-from . import console, devices, os_images, seed, view
+from . import console, devices, local_disks, os_images, seed, view
 from .addresses import NetworkConfig, mac_for, pool_for
 from .edge import Edge
 from .errors import Conflict, HostUnreachable, InvalidRequest, NotFound, VmmgrError
@@ -256,7 +256,7 @@ class Fleet:
                 if spec.image:
                     with self.lock_image(spec.image, f"create of {spec.name}"):
                         os_images.get(self.paths.images, spec.image)  # not removed meanwhile
-                        spec = self._make_system_disk(spec)
+                        spec = self._make_system_disk(spec, host)
                 xml = domain_xml(spec, accel=host.accel, console_path=path)
                 guest = host.define(devices.assign(xml, held, host_name) if held else xml)
                 try:
@@ -269,6 +269,8 @@ class Fleet:
                     pool.release(spec.name)
                 for made in self.vm_files(spec.name):
                     made.unlink(missing_ok=True)
+                if spec.local_disk:
+                    local_disks.remove(host.conn, spec.name)
                 raise
             if spec.address:
                 self.route_address(spec.address, host_name)
@@ -288,7 +290,10 @@ class Fleet:
         if moved is not None:
             for g in copies:
                 if g is not moved:
+                    local = local_disks.local_disks(g.xml(inactive=True))
                     g.undefine()
+                    if local:
+                        local_disks.remove(g.connection(), vm)
             self.state.set_vm(vm, state="shutoff", host=target, target="")
             self.publish(vm)
             return moved
@@ -302,11 +307,39 @@ class Fleet:
         if reason:
             raise Conflict(f"host {target} has no room for {vm}: {reason}")
         segment = console.next_segment(self.paths.consoles, vm, target)
-        moved = host.define(set_console_path(guest.xml(migratable=True, inactive=True), segment))
+        definition = guest.xml(migratable=True, inactive=True)
+        local = local_disks.local_disks(definition)
+        if local:  # its disk on its host's own storage goes with it, checked on arrival
+            local_disks.copy(guest.connection(), host.conn, vm)
+        moved = host.define(set_console_path(definition, segment))
         guest.undefine()
+        if local:
+            local_disks.remove(guest.connection(), vm)
         self.state.set_vm(vm, state="shutoff", host=target, target="")
         self.publish(vm)
         return moved
+
+    def tidy_local_disks(self, vm: str) -> list[str]:
+        """After a move cut short (its worker killed), a VM's local disk may be on two hosts:
+        the one that runs it and the one it left, or the one it never reached. Keep the disk of
+        the host that defines it, alone, and remove the others; returns where from. Nothing is
+        removed while that cannot be told: the VM defined on no host that answers, or on two."""
+        copies = self.find_all(vm)
+        if len(copies) != 1 or not local_disks.local_disks(copies[0].xml(inactive=True)):
+            return []
+        keeper = copies[0].host_name
+        if local_disks.find(self.host(keeper).conn, vm) is None:
+            return []  # its disk is not where it is defined: touch nothing
+        removed = []
+        for host in self.hosts():
+            if host.name == keeper:
+                continue
+            try:
+                if host.find_guest(vm) is None and local_disks.remove(host.conn, vm):
+                    removed.append(host.name)
+            except VmmgrError:
+                continue  # a host that does not answer keeps its copy until it does
+        return removed
 
     def swap_disk_path(self, vm: str) -> Path:
         return self.paths.storage / "disks" / f"{vm}-swap.img"
@@ -327,18 +360,23 @@ class Fleet:
         removes them, and they hold the image they lie on until then."""
         return [f for f in self.vm_files(vm) if f.exists()]
 
-    def _make_system_disk(self, spec: VMSpec) -> VMSpec:
+    def _make_system_disk(self, spec: VMSpec, host: Host) -> VMSpec:
         """A qcow2 overlay on the OS image (which is never written) and the cloud-init seed,
-        both on shared storage so that any host can run the VM."""
+        both on shared storage so that any host can run the VM; a local disk's overlay on the
+        host's own storage (`local_disks`)."""
         base = os_images.disk_path(self.paths.images, spec.image)
         disk, seed_file = self.system_disk_path(spec.name), self.seed_path(spec.name)
         disk.parent.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b",
-                               str(base), str(disk), f"{spec.disk_gib}G"],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise VmmgrError(f"disk of {spec.name}: {proc.stderr.strip()}")
-        disk.chmod(0o600)
+        if spec.local_disk:
+            disk = Path(local_disks.create_overlay(host.conn, spec.name, spec.disk_gib * 2**30,
+                                                   str(base)))
+        else:
+            proc = subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2",
+                                   "-b", str(base), str(disk), f"{spec.disk_gib}G"],
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise VmmgrError(f"disk of {spec.name}: {proc.stderr.strip()}")
+            disk.chmod(0o600)
         mac = mac_for(spec.address) if spec.address else ""
         seed.write(seed_file, {
             "meta-data": seed.meta_data(spec.uuid, spec.name),
@@ -383,10 +421,13 @@ class Fleet:
             lease.check()
             for copy in self.find_all(vm):  # two while a broken post-copy waits paused
                 try:
+                    local = bool(local_disks.local_disks(copy.xml(inactive=True)))
                     copy.destroy()
                     copy.undefine()
                 except NotFound:
-                    pass  # libvirt removed that copy with the other (an incoming one)
+                    local = False  # libvirt removed that copy with the other (an incoming one)
+                if local:
+                    local_disks.remove(self.host(copy.host_name).conn, vm)
             edge = Edge.load(self.paths, self.state)
             address = pool_for(self.paths).address_of(vm) if pool_for(self.paths) else None
             if edge is not None and address:

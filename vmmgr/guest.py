@@ -91,6 +91,10 @@ class Guest:
         return any(t.get("name") == "org.qemu.guest_agent.0" and t.get("state") == "connected"
                    for t in root.iterfind("./devices/channel/target"))
 
+    def connection(self) -> libvirt.virConnect:
+        """Its host's libvirt connection (for that host's storage: `local_disks`)."""
+        return self._dom.connect()
+
     def xml(self, migratable: bool = False, inactive: bool = False) -> str:
         """The running definition; `inactive`: the persistent one (what a host defines anew);
         `migratable`: without what only this host's libvirt may keep."""

@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import libvirt
 import redis
 
-from . import console, policy as pol
+from . import console, local_disks, policy as pol
 from .errors import Conflict, JobAborted, MigrationFailed, NotFound, PostcopyPaused, VmmgrError
 from .fleet import Fleet, require_active, require_other_host
 from .guest import Guest
@@ -62,9 +62,11 @@ class JobProgress:
     iteration: int  # pre-copy pass over memory, from 1
     downtime_limit_ms: int | None = None
     throttle_pct: int = 0  # auto-converge's vCPU throttle
-    phase: str = "precopy"  # or "postcopy"
+    phase: str = "precopy"  # or "disk" (local disks copied first), "postcopy"
     warning: str | None = None  # e.g. the guest outpaces the link
     event: str | None = None  # what the engine did at this poll
+    disk_processed_bytes: int = 0  # local disks copied so far (libvirt's mirror)
+    disk_total_bytes: int = 0
 
     @classmethod
     def from_stats(cls, stats: dict, downtime_limit_ms: int | None = None, **extra) -> "JobProgress":
@@ -79,12 +81,17 @@ class JobProgress:
             iteration=stats.get("memory_iteration", 0),
             downtime_limit_ms=downtime_limit_ms,
             throttle_pct=stats.get("auto_converge_throttle", 0),
+            disk_processed_bytes=stats.get("disk_processed", 0),
+            disk_total_bytes=stats.get("disk_total", 0),
             **extra,
         )
 
     @property
     def fraction(self) -> float:
-        """How much of the first pass is done; later passes only resend dirtied pages."""
+        """How much of the first pass is done; later passes only resend dirtied pages. In
+        the disk phase: how much of the disks."""
+        if self.phase == "disk":
+            return min(1.0, self.disk_processed_bytes / max(1, self.disk_total_bytes))
         if not self.total_bytes:
             return 0.0
         return min(1.0, max(0.0, 1 - self.remaining_bytes / self.total_bytes))
@@ -189,6 +196,9 @@ def migrate(
         lease.check()
         source = guest.host_name
         fitted, why = pol.for_link(policy, _link_mibps(fleet, source, target))
+        if fitted.postcopy and local_disks.local_disks(guest.xml()):
+            fitted = replace(fitted, postcopy=False)
+            why = "; ".join(filter(None, (why, "no post-copy: a local disk's copy must end first")))
         move = _Migration(fleet, guest, target, fitted, on_progress, poll_interval, lease)
         if why:
             move._event(why)
@@ -290,6 +300,7 @@ class _Migration:
         self.routing_over = False
         self.last_stats: dict = {}
         self.progress_lost = False
+        self.disks: list[str] = []  # local disks, copied with the memory (set by run())
 
     def _flags_and_params(self, segment) -> tuple[int, dict]:
         guest = self.guest
@@ -299,6 +310,9 @@ class _Migration:
         live_xml = guest.xml(migratable=True)
         if self._lab_storage_disks(live_xml):
             flags |= libvirt.VIR_MIGRATE_UNSAFE
+        if self.disks:  # only the overlay travels: its base image is on both sites' storage
+            flags |= libvirt.VIR_MIGRATE_NON_SHARED_INC
+            params[libvirt.VIR_MIGRATE_PARAM_MIGRATE_DISKS] = self.disks
         params[libvirt.VIR_MIGRATE_PARAM_DEST_XML] = set_console_path(live_xml, segment)
         params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML] = set_console_path(
             guest.xml(inactive=True, migratable=True), segment)
@@ -321,6 +335,7 @@ class _Migration:
         guest = self.guest
         segment = console.next_segment(self.fleet.paths.consoles, guest.name, self.target)
         persistent = guest.xml(inactive=True, migratable=True)
+        self.disks = local_disks.local_disks(persistent)
         flags, params = self._flags_and_params(segment)
 
         # The first downtime limit is set before the job starts. A libvirt call that steers a
@@ -332,6 +347,8 @@ class _Migration:
             self._apply(action)
         started_at, t0 = time.time(), time.monotonic()
         address = address_of(persistent)
+        if self.disks:
+            self._lay_target_disk()
         watches = self._follow_switchover(address) if address else []
         try:
             error = self._migrate(params, flags, watch)
@@ -341,6 +358,8 @@ class _Migration:
             with self.routing:
                 self.routing_over = True  # an event still in flight routes nothing now
         wall_ms = int((time.monotonic() - t0) * 1000)
+        if self.disks:
+            self.tidy_disks()
         if error is not None:
             if self.routed:  # routed to the target at the switch-over, then it failed
                 self.fleet.route_address(address, self.source)
@@ -369,6 +388,26 @@ class _Migration:
         if address:  # it runs on the target now (it already did, paused, before the link broke)
             stored(lambda: self.fleet.route_address(address, self.target))
         return self._result(started_at, wall_ms)
+
+    def _lay_target_disk(self) -> None:
+        """The target's overlay, empty, on the same base at the same path: libvirt mirrors the
+        source's into it (`NON_SHARED_INC`) before the memory moves."""
+        source = self.fleet.host(self.source)
+        capacity, base = local_disks.overlay_of(source.conn, self.guest.name)
+        local_disks.create_overlay(self.dest.conn, self.guest.name, capacity, base)
+        self._event(f"local disk laid on {self.target} (over {base})")
+
+    def tidy_disks(self) -> None:
+        """A local disk stays only where the VM is now defined: the source's after a move,
+        the target's after a failed or cancelled one. Where that cannot be told (a host
+        that does not answer), the disk is left."""
+        for host in (self.fleet.host(self.source), self.dest):
+            try:
+                if host.find_guest(self.guest.name) is None and local_disks.remove(
+                        host.conn, self.guest.name):
+                    self._event(f"local disk removed from {host.name}")
+            except VmmgrError as err:
+                self._event(f"local disk on {host.name} left: {_words(err)}")
 
     def _follow_switchover(self, address: str) -> list:
         """Move the VM's address at the edge the moment the source pauses for the switch-over
@@ -523,12 +562,15 @@ class _Migration:
         elapsed = stats.get("time_elapsed", 0) / 1000
         watch, _ = pol.start(self.policy, time.monotonic() - elapsed)
         self._event(f"steering the migration an earlier run left running ({elapsed:.0f} s in)")
+        local = local_disks.local_disks(self.guest.xml(inactive=True))  # gone from here after
 
         def running() -> bool:
             time.sleep(self.poll_interval)
             return _active_job_stats(self.guest) is not None
 
         self._monitor(running, watch)
+        if local:
+            self.tidy_disks()
         return self.policy_abort
 
     def _monitor(self, running, watch: pol.Watch) -> None:
@@ -543,15 +585,17 @@ class _Migration:
             if self.lease.lost and not self.postcopy_started and not self.policy_abort:
                 # Another holder may act on this VM now: give the VM back to its source.
                 actions = [pol.Abort("the VM's lock was lost")]
+            elif pol.in_disk_phase(stats):
+                watch, actions = pol.decide_disk(self.policy, watch, now)
             elif stats.get("data_total"):  # past setup: see run()
                 watch, actions = pol.decide(self.policy, watch, stats.get("data_remaining", 0),
                                             stats.get("memory_iteration", 0), now)
             event = "; ".join(filter(None, (self._apply(a) for a in actions))) or None
             if self.on_progress:
-                progress = JobProgress.from_stats(
-                    stats, watch.downtime_ms, phase="postcopy" if self.postcopy_started else "precopy",
-                    event=event,
-                )
+                phase = ("postcopy" if self.postcopy_started else
+                         "disk" if pol.in_disk_phase(stats) else "precopy")
+                progress = JobProgress.from_stats(stats, watch.downtime_ms, phase=phase,
+                                                  event=event)
                 warning = pol.warning(progress.dirty_rate_bps, progress.speed_bps,
                                       self.policy.auto_converge)
                 self._report(replace(progress, warning=warning))

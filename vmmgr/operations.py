@@ -61,7 +61,8 @@ def create(fleet: Fleet, report: Report, spec: dict, host: str | None = None) ->
                          gpu_count=spec.get("gpu_count", 0), group=spec.get("group", ""),
                          image=spec.get("image", ""), disk_gib=spec.get("disk_gib", 0),
                          ssh_keys=tuple(spec.get("ssh_keys", ())),
-                         user_data=spec.get("user_data", ""))
+                         user_data=spec.get("user_data", ""),
+                         local_disk=spec.get("local_disk", False))
     vm = spec_obj.name
     with fleet.lock_vm(vm, f"create of {vm}"):
         existing = fleet.find(vm, strict=True)
@@ -111,6 +112,9 @@ def _migrate(fleet: Fleet, report: Report, vm: str, target: str, chosen) -> dict
             report.event(f"{vm}: {error}", vm=vm, kind="error")
             raise MigrationFailed(error)
     guest = _settled(fleet, vm, report)
+    if report.rerun:
+        for host in fleet.tidy_local_disks(vm):
+            report.event(f"{vm}: the local disk its earlier run left on {host} removed", vm=vm)
     if guest.host_name == target and report.rerun:
         # The earlier run's migration ended there: its address goes with it, its record too.
         guest_address = address_of(guest.xml(inactive=True))

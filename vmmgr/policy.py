@@ -182,6 +182,7 @@ class Watch:
     stepped_at: float = 0.0
     postcopy: bool = False
     finished: bool = False  # an abort or a pause was ordered: nothing more to decide
+    disk_s: float = 0.0  # how long the local disks' copy took before the memory's began
 
 
 def start(policy: Policy, now: float) -> tuple[Watch, list]:
@@ -196,6 +197,27 @@ def downtime_step(policy: Policy, current_ms: int) -> int:
         return current_ms
     step = max(1, (policy.downtime_max_ms - policy.downtime_start_ms) // policy.downtime_steps)
     return min(policy.downtime_max_ms, current_ms + step)
+
+
+def in_disk_phase(stats: dict) -> bool:
+    """Whether a migration is still copying local disks: libvirt mirrors them to the target
+    before the memory's first pass, so QEMU has sent no memory yet."""
+    return bool(stats.get("disk_total")) and not stats.get("memory_iteration") and not (
+        stats.get("memory_processed"))
+
+
+def decide_disk(policy: Policy, w: Watch, now: float) -> tuple[Watch, list]:
+    """A poll in the disk phase: the memory's clocks start when its copy does (a disk over a
+    WAN may take longer than a whole memory copy is allowed); a disk phase that outlasts the
+    completion timeout is given up, the VM running on its source."""
+    if w.finished:
+        return w, []
+    disk_started = w.started - w.disk_s  # the memory's clock was moved on by the disk phase
+    if now - disk_started >= policy.completion_timeout_s:
+        return replace(w, finished=True), [Abort(
+            f"disk copy not done in the completion timeout ({policy.completion_timeout_s:g} s)")]
+    held = now - w.started
+    return replace(w, started=now, best_at=now, stepped_at=now, disk_s=w.disk_s + held), []
 
 
 def decide(policy: Policy, w: Watch, remaining: int, iteration: int, now: float) -> tuple[Watch, list]:

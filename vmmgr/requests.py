@@ -46,12 +46,13 @@ def create(fleet: Fleet, name: str, *, workload: str = "counter", params: dict |
 def create_from_image(fleet: Fleet, name: str, image: str, *, memory_mib: int = 512,
                       vcpus: int = 1, host: str | None = None, disk_gib: int = 0,
                       ssh_keys=(), user_data: str = "", group: str = "", gpu_model: str = "",
-                      gpu_count: int = 0) -> Request:
+                      gpu_count: int = 0, local_disk: bool = False) -> Request:
     """A disk-backed VM from an OS image; everything is checked before anything is made."""
     gpu_model, gpu_count = validate_gpu(gpu_model, gpu_count)
     spec = make_spec(name, memory_mib=memory_mib, vcpus=vcpus, image_root=fleet.paths.images,
                      image=image, disk_gib=disk_gib, ssh_keys=tuple(ssh_keys),
-                     user_data=user_data, group=group, gpu_model=gpu_model, gpu_count=gpu_count)
+                     user_data=user_data, group=group, gpu_model=gpu_model, gpu_count=gpu_count,
+                     local_disk=local_disk)
     admission.creation(fleet, spec, host)
     return create_spec(spec, host)
 

@@ -49,6 +49,9 @@ class VMSpec:
     user_data: str = ""
     disk: str = ""
     seed: str = ""
+    # The overlay on the host's own storage (`local_disks`) instead of shared storage: it moves
+    # with the VM, copied by the migration.
+    local_disk: bool = False
     uuid: str = field(default_factory=lambda: str(uuidlib.uuid4()))
 
 
@@ -142,6 +145,7 @@ def make_spec(
     disk_gib: int = 0,
     ssh_keys: tuple[str, ...] | list[str] = (),
     user_data: str = "",
+    local_disk: bool = False,
 ) -> VMSpec:
     """Validate every field and build the spec; raises InvalidRequest naming the first bad one.
 
@@ -159,10 +163,14 @@ def make_spec(
                 smallest <= disk_gib <= MAX_DISK_GIB):
             raise InvalidRequest(f"invalid disk size {disk_gib!r} GiB: image {image} needs at "
                                  f"least {smallest} GiB (at most {MAX_DISK_GIB})")
+        if local_disk and gpu_count:
+            raise InvalidRequest("a VM with passed-through devices keeps its disk on shared "
+                                 "storage: it moves by hibernating into it (no --local-disk)")
     elif kernel is None:
         raise InvalidRequest("a VM needs an OS image (--image) or a kernel (--kernel)")
-    elif disk_gib or ssh_keys or user_data:
-        raise InvalidRequest("a disk size, SSH keys and user-data go with an OS image (--image)")
+    elif disk_gib or ssh_keys or user_data or local_disk:
+        raise InvalidRequest("a disk size, a local disk, SSH keys and user-data go with an OS "
+                             "image (--image)")
     return VMSpec(
         name=validate_name(name),
         memory_mib=validate_memory(memory_mib),
@@ -178,4 +186,5 @@ def make_spec(
         disk_gib=disk_gib if image else 0,
         ssh_keys=tuple(validate_ssh_key(k) for k in ssh_keys),
         user_data=validate_user_data(user_data),
+        local_disk=bool(local_disk) if image else False,
     )

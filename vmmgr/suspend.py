@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import console, devices
+from . import console, devices, local_disks
 from .errors import Conflict, HibernationFailed, InvalidRequest, NotFound, VmmgrError
 from .fleet import Fleet, require_active
 from .placement import choose_host, refusal
@@ -105,6 +105,7 @@ def find_suspended(fleet: Fleet, vm: str) -> Suspended | None:
 
 MODES = ("save", "guest")
 INTENT, RECORD, CLAIM = "intent.json", "record.json", "claim.json"
+DISK, DISK_SUM = "disk.qcow2", "disk.json"  # a local disk kept while the VM is suspended
 # libvirt writes this magic at the head of a save image only once the image is complete
 # ("LibvirtQemudPart" while it is being written): src/qemu/qemu_saveimage.h
 COMPLETE_MAGIC = b"LibvirtQemudSave"
@@ -219,7 +220,34 @@ def _hibernated(d: Path, guest, disk: Path, save_ms: int) -> Suspended:
                       disk.stat().st_blocks * 512 if disk.exists() else 0)
 
 
+def _keep_local_disk(d: Path, guest) -> bool:
+    """A VM whose disk is on its host's own storage (`local_disks`) is suspended with it: the
+    disk is copied beside its save, checksummed, before the record says it is suspended, and
+    put on whichever host resumes it. Whether it has one."""
+    if not local_disks.local_disks((d / "domain.xml").read_text()):
+        return False
+    if (d / DISK_SUM).is_file():
+        return True  # kept by a run cut short after it
+    if guest is None:
+        raise VmmgrError(f"{d.name}'s local disk is not on storage and its host no longer "
+                         "defines it")
+    digest = local_disks.save_to(guest.connection(), d.name, d / DISK)
+    _write_json(d / DISK_SUM, {"sha256": digest})
+    return True
+
+
+def load_local_disk(d: Path, target) -> bool:
+    """Put a suspended VM's kept disk on `target`'s own storage (checked against its sum);
+    whether it has one."""
+    if not (d / DISK_SUM).is_file():
+        return False
+    expected = json.loads((d / DISK_SUM).read_text())["sha256"]
+    local_disks.load_from(target.conn, d.name, d / DISK, expected)
+    return True
+
+
 def _suspended(d: Path, guest, intent: dict, save_ms: int, size: int) -> Suspended:
+    local = _keep_local_disk(d, guest)
     record = Suspended(intent["vm"], intent["from_host"], intent["memory_mib"], intent["vcpus"],
                        time.time(), save_ms, size, intent["parked"], intent["mode"],
                        intent["device_model"], intent["device_count"],
@@ -227,6 +255,8 @@ def _suspended(d: Path, guest, intent: dict, save_ms: int, size: int) -> Suspend
     _write_json(d / RECORD, asdict(record))
     if guest is not None:
         guest.undefine()
+        if local:
+            local_disks.remove(guest.connection(), d.name)  # its copy is on storage now
     (d / INTENT).unlink()
     return record
 
@@ -263,6 +293,11 @@ def _resume(fleet: Fleet, vm: str, host: str | None) -> Resumed:
         segment = console.next_segment(fleet.paths.consoles, vm, host)
         lease.check()
         _claim(d, vm)
+        try:
+            load_local_disk(d, target)
+        except VmmgrError:
+            _unclaim(d)  # its kept disk stays on storage, the VM stays suspended
+            raise
         if record.mode == "guest":
             return _boot_from_hibernation(fleet, record, target, segment)
         if record.mode == "stopped":
@@ -275,6 +310,7 @@ def _resume(fleet: Fleet, vm: str, host: str | None) -> Resumed:
             target.restore(d / "image", set_console_path(target.save_image_xml(d / "image"),
                                                          segment))
         except VmmgrError:
+            _drop_loaded_disk(d, target)
             _unclaim(d)  # nothing runs: the image stays, the VM stays suspended
             raise
         # It runs on the target from here: whatever fails now is finished forward (`recover`),
@@ -282,6 +318,16 @@ def _resume(fleet: Fleet, vm: str, host: str | None) -> Resumed:
         restore_ms = int((time.monotonic() - t0) * 1000)
         _resumed_on(fleet, target, d, segment)
         return Resumed(vm, host, restore_ms, round(time.time() - record.suspended_at, 1))
+
+
+def _drop_loaded_disk(d: Path, target) -> None:
+    """A resume that failed on `target` takes back the disk it put there (storage keeps
+    the VM's copy)."""
+    if (d / DISK_SUM).is_file():
+        try:
+            local_disks.remove(target.conn, d.name)
+        except VmmgrError:
+            pass  # a stale copy: the next load on that host replaces it
 
 
 def _claim(d: Path, vm: str) -> None:
@@ -322,6 +368,7 @@ def _boot_from_hibernation(fleet: Fleet, record: Suspended, target, segment: Pat
             guest.undefine()
             raise
     except VmmgrError:
+        _drop_loaded_disk(d, target)
         _unclaim(d)  # the image stays on the swap disk, the VM stays suspended
         raise
     _resumed_on(fleet, target, d, None)

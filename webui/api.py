@@ -129,7 +129,8 @@ def create_vm():
             disk_gib=data.get("disk_gib") or 0, ssh_keys=data.get("ssh_keys") or (),
             user_data=data.get("user_data") or "", group=data.get("group", ""),
             gpu_model=data.get("gpu_model", ""),
-            gpu_count=data.get("gpu_count", 1 if data.get("gpu_model") else 0)))
+            gpu_count=data.get("gpu_count", 1 if data.get("gpu_model") else 0),
+            local_disk=bool(data.get("local_disk"))))
     return act(lambda fleet: requests.create(
         fleet, data["name"], workload=data.get("workload") or "counter",
         params=data.get("params"), memory_mib=data.get("memory_mib", 128),

@@ -44,6 +44,7 @@ class Create(Body):
     ssh_keys: Annotated[list[Annotated[str, Field(max_length=16384)]],
                         Field(max_length=32)] | None = None
     user_data: Annotated[str, Field(max_length=MAX_USER_DATA)] | None = None
+    local_disk: bool | None = None  # the disk on the host's own storage: it moves with the VM
 
     model_config = ConfigDict(json_schema_extra={"example": {
         "name": "train-1", "workload": "counter", "memory_mib": 128, "vcpus": 1,

@@ -310,6 +310,7 @@ def test_a_migration_left_running_by_a_killed_run_is_steered_by_its_policy(tmp_p
     guest.name = "vm1"
     guest.job_stats.side_effect = lambda completed=False: (
         {"type": 0} if guest.abort_job.called else job)
+    guest.xml.return_value = DOMAIN
     lease = mocker.Mock(lost=False)
     migration = _Migration(mocker.Mock(), guest, "h2", get_policy("safe"), None, 0.01, lease)
     assert migration.adopt() == "completion timeout (300 s)"
@@ -326,6 +327,7 @@ def test_a_migration_left_running_within_its_limits_is_left_to_finish(tmp_path, 
     guest = mocker.Mock(host_name="h1")
     guest.name = "vm1"
     guest.job_stats.side_effect = lambda completed=False: next(polls)
+    guest.xml.return_value = DOMAIN
     seen = []
     migration = _Migration(mocker.Mock(), guest, "h2", get_policy("safe"), seen.append, 0.01,
                            mocker.Mock(lost=False))

@@ -156,6 +156,7 @@ def test_moving_a_stopped_vm_finishes_a_move_cut_short_between_define_and_undefi
 
     fleet = Fleet.__new__(Fleet)
     source = mocker.Mock(host_name="h1", is_active=lambda: False)
+    source.xml.return_value = "<domain><devices/></domain>"
     target = mocker.Mock(host_name="h2", is_active=lambda: False)
     mocker.patch.object(Fleet, "find_all", return_value=[source, target])
     fleet.state = mocker.Mock()

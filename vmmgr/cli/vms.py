@@ -51,10 +51,14 @@ def vm() -> None:
               help="Public key for the VM's `vmmgr` user (--image).")
 @click.option("--user-data", "user_data", type=click.Path(path_type=Path), metavar="FILE",
               help="cloud-init user-data (#cloud-config or a script) for --image.")
+@click.option("--local-disk", is_flag=True,
+              help="Keep the disk (--image) on its host's own storage, not shared storage: "
+                   "it moves with the VM, copied by each migration.")
 @wait_option
 @click.pass_obj
 def vm_create(paths: Paths, name, host_name, workload, params, kernel, initrd, cmdline,
-              memory, vcpus, gpu, group, image, disk_gib, ssh_key, user_data, wait) -> None:
+              memory, vcpus, gpu, group, image, disk_gib, ssh_key, user_data, local_disk,
+              wait) -> None:
     """Define and start a VM."""
     gpu_model, _, gpu_count = (gpu or "").partition(":")
     if gpu_count and not gpu_count.isdigit():
@@ -64,12 +68,13 @@ def vm_create(paths: Paths, name, host_name, workload, params, kernel, initrd, c
         raise InvalidRequest("give either --kernel (with --initrd/--cmdline) or --workload")
     if image and (workload or params or kernel):
         raise InvalidRequest("give either --image or a built-in --workload or --kernel")
-    if (disk_gib or ssh_key or user_data) and not image:
-        raise InvalidRequest("--disk-size, --ssh-key and --user-data go with --image")
+    if (disk_gib or ssh_key or user_data or local_disk) and not image:
+        raise InvalidRequest("--disk-size, --local-disk, --ssh-key and --user-data go with "
+                             "--image")
     if image:
         spec = make_spec(name, memory_mib=memory, vcpus=vcpus, image_root=paths.images,
                          image=image, disk_gib=disk_gib, group=group, gpu_model=gpu_model,
-                         gpu_count=gpu_count,
+                         gpu_count=gpu_count, local_disk=local_disk,
                          ssh_keys=(_read_text(ssh_key, "SSH key"),) if ssh_key else (),
                          user_data=_read_text(user_data, "user-data") if user_data else "")
     elif kernel:

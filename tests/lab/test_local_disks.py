@@ -1,0 +1,126 @@
+"""Disks on a host's own storage (`vm create --local-disk`): the overlay of a VM from an OS image
+kept on the host that runs it, and moved with it, never through shared storage. One Debian VM
+goes through every path that moves it: a live migration that copies its disk first (progress
+in a disk phase), a migration cancelled in that phase, suspend and resume on another host, a
+stopped VM moved by a reclaim, a worker killed mid-copy; after each, what it wrote is whole and
+its disk is on the one host that holds it, and nowhere else."""
+
+import json
+import subprocess
+import time
+
+from vmmgr import local_disks, os_images
+from vmmgr.addresses import pool_for
+
+from .conftest import cli
+from .test_faults import faults
+from .test_images import _boot_id, _ssh, _wait_console, debian  # noqa: F401 (its fixture)
+
+HOSTS = ("host1", "host2", "host3")
+
+
+def holders(fleet, vm) -> list[str]:
+    """The hosts whose own storage holds a disk of the VM (asked of each host's libvirt)."""
+    return [h for h in HOSTS if local_disks.find(fleet.host(h).conn, vm) is not None]
+
+
+def where(fleet, vm) -> list[str]:
+    return [g.host_name for g in fleet.find_all(vm)]
+
+
+def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian, tmp_path):
+    c = faults.Lab3(lab, paths)
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    for args, message in ((["--workload", "counter"], "go with --image"),
+                          (["--image", "debian-12", "--gpu", "lab-gpu"], "no --local-disk")):
+        refused = cli("vm", "create", "bad-local", "--local-disk", *args, check_code=2)
+        assert message in refused.stderr, refused.stderr
+    assert fleet.find("bad-local") is None and holders(fleet, "bad-local") == []
+
+    cli("vm", "create", "local1", "--image", "debian-12", "--memory", "512", "--host", "host1",
+        "--ssh-key", f"{key}.pub", "--local-disk", check_code=0)
+    try:
+        guest = fleet.locate("local1")
+        [vda] = [d for d in local_disks.local_disks(guest.xml()) if d == "vda"]
+        assert vda and holders(fleet, "local1") == ["host1"]
+        assert not fleet.system_disk_path("local1").exists()  # nothing of it on shared storage
+        _wait_console(paths, "local1", "finished at")
+        address = pool_for(paths).address_of("local1")
+
+        def data_sum() -> str:
+            got = _ssh(key, address, "sync; echo 3 | sudo -n tee /proc/sys/vm/drop_caches "
+                                     ">/dev/null 2>&1; sha256sum data")
+            assert got.returncode == 0, got.stdout + got.stderr
+            return got.stdout
+
+        wrote = _ssh(key, address, "head -c 67108864 /dev/urandom > data; sync; sha256sum data")
+        assert wrote.returncode == 0, wrote.stderr
+        written = wrote.stdout
+
+        # Live: the disk first (a phase of its own in the progress), then the memory.
+        moved = cli("migrate", "local1", "--to", "host2", "--bandwidth", "40", check_code=0)
+        assert "(memory next)" in moved.stdout + moved.stderr
+        assert where(fleet, "local1") == ["host2"] and holders(fleet, "local1") == ["host2"]
+        assert data_sum() == written
+        events = c.state.migrations("local1")[-1]["events"]
+        assert any("local disk laid on host2" in e for e in events), events
+        assert any("local disk removed from host1" in e for e in events), events
+
+        # Cancelled in the disk phase: it runs on where it was, its disk whole, none left.
+        task = c.task_of(c.cli("migrate", "local1", "--to", "host3", "--bandwidth", "5",
+                               "--no-wait"))
+        faults.wait(lambda: holders(fleet, "local1") == ["host2", "host3"], 60,
+                    "no disk was laid on host3")
+        time.sleep(1)
+        assert c.state.vm("local1").get("state") == "migrating"
+        cli("migrate", "cancel", "local1", check_code=0)
+        faults.wait(lambda: c.task_state(task) == "FAILURE", 60, "the migration never ended")
+        assert where(fleet, "local1") == ["host2"] and holders(fleet, "local1") == ["host2"]
+        assert fleet.locate("local1").state() == "running"
+        assert data_sum() == written
+
+        # Suspended with its disk (beside its save, checksummed), resumed on another host.
+        cli("vm", "suspend", "local1", check_code=0)
+        kept = paths.saves / "local1"
+        assert (kept / "disk.qcow2").is_file() and (kept / "disk.qcow2").stat().st_mode & 0o077 == 0
+        assert holders(fleet, "local1") == [] and where(fleet, "local1") == []
+        cli("vm", "resume", "local1", "--host", "host3", check_code=0)
+        assert where(fleet, "local1") == ["host3"] and holders(fleet, "local1") == ["host3"]
+        assert not kept.exists()
+        assert data_sum() == written
+
+        # A worker killed while the disk is copied: one host runs it, the disk only there.
+        task = c.task_of(c.cli("migrate", "local1", "--to", "host1", "--bandwidth", "10",
+                               "--no-wait"))
+        faults.wait(lambda: holders(fleet, "local1") == ["host1", "host3"], 60,
+                    "no disk was laid on host1")
+        c.kill_worker_of(task)
+        lab.up(3)
+        faults.settle(c, ["local1"], timeout=300)
+        faults.wait(lambda: len(holders(fleet, "local1")) == 1, 120,
+                    "a disk stayed on a host that does not hold the VM")
+        running = where(fleet, "local1")
+        assert len(running) == 1 and holders(fleet, "local1") == running
+        faults.wait(lambda: (c.state.vm("local1").get("state"), c.state.vm("local1").get("host"))
+                    == ("running", running[0]), 60, "the record never agreed")
+        assert data_sum() == written
+
+        # Stopped, its host reclaimed: the definition and the disk move; it boots there.
+        boot = _boot_id(key, address)
+        cli("vm", "stop", "local1", check_code=0)
+        source = running[0]
+        report = json.loads(cli("host", "reclaim", source, "--json", check_code=0).stdout)
+        assert report["migrated"] == ["local1"] and not report["failed"], report
+        [target] = where(fleet, "local1")
+        assert target != source and holders(fleet, "local1") == [target]
+        cli("host", "enable", source, check_code=0)
+        cli("vm", "start", "local1", check_code=0)
+        assert _boot_id(key, address) != boot
+        assert data_sum() == written
+    finally:
+        for h in HOSTS:
+            cli("host", "enable", h)
+        cli("vm", "destroy", "local1")
+    assert holders(fleet, "local1") == [] and not (paths.saves / "local1").exists()
+    assert os_images.verify(paths.images, "debian-12") == debian  # the base was never written

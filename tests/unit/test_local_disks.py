@@ -1,0 +1,73 @@
+"""Local disks: which of a definition's disks a migration copies, the volumes asked of libvirt,
+the disk phase's policy and progress, and the requests refused."""
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from vmmgr import local_disks, policy as pol
+from vmmgr.display import progress_line
+from vmmgr.errors import InvalidRequest
+from vmmgr.migration import JobProgress
+from vmmgr.spec import make_spec
+
+DOMAIN = f"""<domain><devices>
+  <disk type='file' device='disk'><source file='{local_disks.disk_path("vm1")}'/>
+    <target dev='vda' bus='virtio'/></disk>
+  <disk type='file' device='cdrom'><source file='/var/lib/vmmgr/storage/disks/vm1-seed.iso'/>
+    <target dev='vdb'/><readonly/></disk>
+  <disk type='file' device='disk'><source file='/var/lib/vmmgr/storage/disks/vm1-swap.img'/>
+    <target dev='vdc'/></disk>
+  <disk type='file' device='disk'><source file='{local_disks.POOL_DIR}/other.qcow2'/>
+    <target dev='vdd'/><readonly/></disk>
+</devices></domain>"""
+
+
+def test_only_writable_disks_on_the_hosts_own_storage_are_copied():
+    assert local_disks.local_disks(DOMAIN) == ["vda"]
+    assert local_disks.local_disks("<domain><devices/></domain>") == []
+    # a path that only starts like the pool's is not in it
+    assert not local_disks.is_local(local_disks.POOL_DIR + "-other/vm1.qcow2")
+
+
+def test_volume_xml_escapes_what_it_is_given():
+    xml = local_disks.overlay_xml("vm1", 3 * 2**30, "/images/a&b<c>.qcow2")
+    root = ET.fromstring(xml)
+    assert root.findtext("name") == "vm1.qcow2"
+    assert root.findtext("capacity") == str(3 * 2**30)
+    assert root.findtext("./backingStore/path") == "/images/a&b<c>.qcow2"
+    assert root.find("./target/permissions/mode").text == "0600"
+    copy = ET.fromstring(local_disks.copy_xml("vm1", 12345))
+    assert copy.findtext("capacity") == "12345" and copy.find("./target/format").get("type") == "raw"
+
+
+def test_the_disk_phase_holds_the_memory_clocks_and_has_a_timeout_of_its_own():
+    policy = pol.get_policy("balanced")
+    w, _ = pol.start(policy, 0.0)
+    disk = {"disk_total": 100, "disk_processed": 10, "data_total": 100}
+    assert pol.in_disk_phase(disk)
+    assert not pol.in_disk_phase(disk | {"memory_iteration": 1, "memory_processed": 5})
+    assert not pol.in_disk_phase({"data_total": 100})  # no local disk
+    # 200 s of disk copy: the memory's "no progress" timeout (60 s) does not fire
+    for now in range(0, 200, 10):
+        w, actions = pol.decide_disk(policy, w, float(now))
+        assert actions == []
+    w, actions = pol.decide(policy, w, 50, 1, 200.0)
+    assert actions == []  # the memory's clock began when its copy did
+    w2, _ = pol.start(policy, 0.0)
+    w2, actions = pol.decide_disk(policy, w2, policy.completion_timeout_s + 1)
+    assert [type(a) for a in actions] == [pol.Abort] and "disk copy" in actions[0].reason
+
+
+def test_the_progress_line_names_the_disk_phase():
+    p = JobProgress(elapsed_ms=2500, processed_bytes=40 * 2**20, remaining_bytes=35 * 2**20,
+                    total_bytes=75 * 2**20, speed_bps=0, dirty_rate_bps=0, iteration=0,
+                    phase="disk", disk_processed_bytes=30 * 2**20, disk_total_bytes=60 * 2**20)
+    line = progress_line(p)
+    assert "disk 30/60 MiB" in line and "(memory next)" in line and p.fraction == 0.5
+
+
+def test_a_local_disk_needs_an_image_and_no_devices(tmp_path):
+    with pytest.raises(InvalidRequest, match="go with an OS image"):
+        make_spec("vm1", memory_mib=128, vcpus=1, kernel=tmp_path / "k", image_root=tmp_path,
+                  local_disk=True)

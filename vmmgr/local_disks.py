@@ -1,0 +1,258 @@
+"""Disks on a host's own storage: a VM's qcow2 overlay kept on the host that runs it (local
+NVMe in production; a host with no shared storage at all, as on another site), over a base
+image on the site's storage that it never writes.
+
+The overlays sit in a libvirt `dir` storage pool of each host (`POOL`, at the same path on every
+host: the path in a VM's definition holds wherever it runs). Everything here goes through the
+host's libvirt connection (volumes, upload and download streams over its TLS), never through
+this process's file system: the worker acting on a VM need not be on the host that holds it.
+
+A live migration moves such a disk with the memory (libvirt's non-shared-storage migration,
+incremental: only the overlay travels, the base is on both hosts); a stopped VM's disk is
+copied host to host; a suspended VM's is kept beside its save on the site's storage.
+"""
+
+import hashlib
+import os
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+import libvirt
+
+from .errors import VmmgrError
+from .libvirt_errors import translated
+
+POOL = "vmmgr-disks"
+POOL_DIR = "/var/lib/libvirt/vmmgr-disks"
+CHUNK = 1 << 20
+
+Progress = Callable[[int, int], None]  # (bytes done, bytes in all)
+
+
+def volume_name(vm: str) -> str:
+    return f"{vm}.qcow2"
+
+
+def disk_path(vm: str) -> str:
+    """Where a VM's local disk is on every host (its definition names this path)."""
+    return f"{POOL_DIR}/{volume_name(vm)}"
+
+
+def is_local(path: str) -> bool:
+    return path.startswith(POOL_DIR + "/")
+
+
+def local_disks(domain_xml: str) -> list[str]:
+    """The target devices (vda...) of a definition's writable disks on host-local storage: the
+    disks a live migration must copy."""
+    found = []
+    for disk in ET.fromstring(domain_xml).iterfind("./devices/disk"):
+        source, target = disk.find("source"), disk.find("target")
+        if (source is not None and target is not None and disk.find("readonly") is None
+                and is_local(source.get("file") or "")):
+            found.append(target.get("dev"))
+    return found
+
+
+def pool_xml() -> str:
+    return (f"<pool type='dir'><name>{POOL}</name><target><path>{POOL_DIR}</path>"
+            "<permissions><mode>0700</mode></permissions></target></pool>")
+
+
+def overlay_xml(vm: str, capacity: int, base: str) -> str:
+    """A qcow2 overlay of `capacity` bytes on the base image at `base` (0600: it is the VM's
+    data)."""
+    return (f"<volume><name>{escape(volume_name(vm))}</name>"
+            f"<capacity unit='bytes'>{int(capacity)}</capacity>"
+            "<target><format type='qcow2'/><permissions><mode>0600</mode></permissions></target>"
+            f"<backingStore><path>{escape(base)}</path><format type='qcow2'/></backingStore>"
+            "</volume>")
+
+
+def copy_xml(vm: str, size: int) -> str:
+    """A volume to receive a byte copy of an overlay (the qcow2 file as it is, backing path
+    and all); written by an upload."""
+    return (f"<volume><name>{escape(volume_name(vm))}</name>"
+            f"<capacity unit='bytes'>{int(size)}</capacity><allocation>0</allocation>"
+            "<target><format type='raw'/><permissions><mode>0600</mode></permissions></target>"
+            "</volume>")
+
+
+def ensure_pool(conn: libvirt.virConnect) -> libvirt.virStoragePool:
+    """The host's pool, defined, built and started on first use (and started on every boot)."""
+    with translated("the host's disk pool"):
+        try:
+            pool = conn.storagePoolLookupByName(POOL)
+        except libvirt.libvirtError as err:
+            if err.get_error_code() != libvirt.VIR_ERR_NO_STORAGE_POOL:
+                raise
+            pool = conn.storagePoolDefineXML(pool_xml(), 0)
+            pool.build(0)
+            pool.setAutostart(1)
+        if not pool.isActive():
+            pool.create(0)
+        return pool
+
+
+def find(conn: libvirt.virConnect, vm: str) -> libvirt.virStorageVol | None:
+    pool = ensure_pool(conn)
+    with translated(f"{vm}'s local disk"):
+        pool.refresh(0)  # a volume made or removed by a migration is not in libvirt's list yet
+        try:
+            return pool.storageVolLookupByName(volume_name(vm))
+        except libvirt.libvirtError as err:
+            if err.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
+                return None
+            raise
+
+
+def create_overlay(conn: libvirt.virConnect, vm: str, capacity: int, base: str) -> str:
+    """The VM's overlay on `base`; returns its path. One left by a run cut short is replaced."""
+    remove(conn, vm)
+    with translated(f"{vm}'s local disk"):
+        return ensure_pool(conn).createXML(overlay_xml(vm, capacity, base), 0).path()
+
+
+def overlay_of(conn: libvirt.virConnect, vm: str) -> tuple[int, str]:
+    """The capacity and base image path of the VM's overlay on this host."""
+    vol = find(conn, vm)
+    if vol is None:
+        raise VmmgrError(f"{vm} has no local disk on this host")
+    with translated(f"{vm}'s local disk"):
+        root = ET.fromstring(vol.XMLDesc(0))
+    return int(root.findtext("capacity")), root.findtext("./backingStore/path") or ""
+
+
+def remove(conn: libvirt.virConnect, vm: str) -> bool:
+    """Delete the VM's overlay on this host, if there is one; whether there was."""
+    vol = find(conn, vm)
+    if vol is None:
+        return False
+    with translated(f"{vm}'s local disk"):
+        vol.delete(0)
+    return True
+
+
+def _chunks(conn: libvirt.virConnect, vol: libvirt.virStorageVol) -> Iterator[bytes]:
+    stream = conn.newStream(0)
+    with translated("reading a local disk"):
+        vol.download(stream, 0, 0, 0)
+        try:
+            while True:
+                data = stream.recv(CHUNK)
+                if data in (-2, b""):  # -2: would block (never, on a blocking stream); b"": end
+                    break
+                yield data
+            stream.finish()
+        except BaseException:
+            stream.abort()
+            raise
+
+
+def _receive(conn: libvirt.virConnect, vm: str, size: int, chunks: Iterator[bytes],
+             progress: Progress | None) -> str:
+    """Write `chunks` (`size` bytes) into a new volume for the VM's disk on this host; returns
+    their SHA-256. Anything short or failed leaves no volume behind."""
+    remove(conn, vm)
+    with translated(f"{vm}'s local disk"):
+        vol = ensure_pool(conn).createXML(copy_xml(vm, size), 0)
+    digest, done = hashlib.sha256(), 0
+    stream = conn.newStream(0)
+    try:
+        with translated(f"writing {vm}'s local disk"):
+            vol.upload(stream, 0, size, 0)
+            for data in chunks:
+                digest.update(data)
+                while data:
+                    sent = stream.send(data)
+                    data = data[sent:]
+                    done += sent
+                if progress:
+                    progress(done, size)
+            stream.finish()
+        if done != size:
+            raise VmmgrError(f"{vm}'s disk: {done} of {size} bytes arrived")
+    except BaseException:
+        try:
+            stream.abort()
+        except libvirt.libvirtError:
+            pass
+        remove(conn, vm)
+        raise
+    return digest.hexdigest()
+
+
+def copy(source: libvirt.virConnect, target: libvirt.virConnect, vm: str,
+         progress: Progress | None = None) -> str:
+    """Copy the VM's disk from one host's pool to another's, byte for byte (each host's
+    libvirtd over its own connection); returns the SHA-256 of what was sent, checked against
+    what the target then holds."""
+    vol = find(source, vm)
+    if vol is None:
+        raise VmmgrError(f"{vm} has no local disk to copy")
+    size = _size(vol)
+    sent = _receive(target, vm, size, _chunks(source, vol), progress)
+    held = checksum(target, vm)
+    if held != sent:
+        remove(target, vm)
+        raise VmmgrError(f"{vm}'s disk arrived damaged (sha256 {held[:12]}, sent {sent[:12]})")
+    return sent
+
+
+def save_to(conn: libvirt.virConnect, vm: str, file: Path,
+            progress: Progress | None = None) -> str:
+    """Write the VM's disk on this host into `file` (on the site's storage); its SHA-256."""
+    vol = find(conn, vm)
+    if vol is None:
+        raise VmmgrError(f"{vm} has no local disk on this host")
+    size, digest, done = _size(vol), hashlib.sha256(), 0
+    partial = file.with_name(file.name + ".partial")
+    with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
+        for data in _chunks(conn, vol):
+            out.write(data)
+            digest.update(data)
+            done += len(data)
+            if progress:
+                progress(done, size)
+        out.flush()
+        os.fsync(out.fileno())
+    if done != size:
+        partial.unlink(missing_ok=True)
+        raise VmmgrError(f"{vm}'s disk: {done} of {size} bytes read")
+    partial.replace(file)
+    return digest.hexdigest()
+
+
+def load_from(conn: libvirt.virConnect, vm: str, file: Path, expected_sha256: str,
+              progress: Progress | None = None) -> None:
+    """Put the VM's disk kept in `file` into this host's pool; refused (nothing left) unless
+    what arrived has the SHA-256 recorded when it was kept."""
+    size = file.stat().st_size
+
+    def chunks() -> Iterator[bytes]:
+        with open(file, "rb") as f:
+            while data := f.read(CHUNK):
+                yield data
+
+    sent = _receive(conn, vm, size, chunks(), progress)
+    if sent != expected_sha256 or checksum(conn, vm) != expected_sha256:
+        remove(conn, vm)
+        raise VmmgrError(f"{vm}'s kept disk {file} does not match its checksum: not used")
+
+
+def checksum(conn: libvirt.virConnect, vm: str) -> str:
+    vol = find(conn, vm)
+    if vol is None:
+        raise VmmgrError(f"{vm} has no local disk on this host")
+    digest = hashlib.sha256()
+    for data in _chunks(conn, vol):
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def _size(vol: libvirt.virStorageVol) -> int:
+    """The volume's file size in bytes (its physical size; a qcow2's capacity is virtual)."""
+    with translated("a local disk"):
+        return int(ET.fromstring(vol.XMLDesc(0)).findtext("physical"))
