@@ -82,6 +82,9 @@ class Candidate:
     # What a move to `target` measured on the wire before (a WAN between sites is slower than
     # the LAN the defaults assume); None: nothing measured, the fleet's rate holds.
     link_mibps: float | None = None
+    # A local disk's data (`local_disks`): copied before the memory by a migration, kept beside
+    # the save by a suspend; never by post-copy.
+    disk_mib: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -129,14 +132,19 @@ class Plan:
 def migration_seconds(c: Candidate, bw_mibps: float, rates: Rates) -> tuple[str, float]:
     """("migrate" or "postcopy", estimated seconds) for one stream of `bw_mibps`."""
     sent = rates.sent_mib(c.memory_mib)
+    disk_s = c.disk_mib / bw_mibps  # the disk's mirror, first; it is not compressed
     if c.dirty_mibps > POSTCOPY_ABOVE * bw_mibps:
-        return "postcopy", sent / bw_mibps + rates.overhead_s
-    return "migrate", sent / (bw_mibps - c.dirty_mibps) + rates.overhead_s
+        if not c.disk_mib:
+            return "postcopy", sent / bw_mibps + rates.overhead_s
+        # with a local disk, pre-copy throttled (auto-converge) to what post-copy would leave
+        return "migrate", disk_s + sent / ((1 - POSTCOPY_ABOVE) * bw_mibps) + rates.overhead_s
+    return "migrate", disk_s + sent / (bw_mibps - c.dirty_mibps) + rates.overhead_s
 
 
 def save_seconds(c: Candidate, bw_mibps: float, rates: Rates) -> tuple[str, float]:
     if c.live:
-        return "suspend", rates.sent_mib(c.memory_mib) / bw_mibps + rates.overhead_s
+        return "suspend", ((rates.sent_mib(c.memory_mib) + c.disk_mib) / bw_mibps
+                           + rates.overhead_s)
     return "hibernate", c.memory_mib / bw_mibps + rates.hibernate_overhead_s
 
 

@@ -11,8 +11,8 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from . import deadline, metrics
-from .errors import VmmgrError
+from . import deadline, local_disks, metrics
+from .errors import NotFound, VmmgrError
 from .fleet import Fleet
 from .guest import read_each
 from .reclaim import (EvacuationReport, Step, _size, _wait_for_jobs, finish, plan_evacuation,
@@ -48,13 +48,14 @@ def reclaim_by(fleet: Fleet, host: str, deadline_at: float, report,
     guests = [g for g in listed if g.name in {s.name for s in sizes}]
     groups = dict(read_each(guests, lambda g: (g.name, g.group())))
     dirty = _dirty_rates(guests)
+    disks = dict(read_each(guests, lambda g: (g.name, _disk_mib(g))))
     rates = rates or measured_rates(fleet.state.r)
     steps = {s.vm: s for s in plan_evacuation(sizes, fleet.active_capacities(exclude=host), True,
                                               fleet.sites(), host)}
     candidates = {s.name: deadline.Candidate(
         s.name, s.memory_mib, dirty.get(s.name, 0.0), s.live,
         steps[s.name].target, groups.get(s.name, ""),
-        _link(fleet, host, steps[s.name].target)) for s in sizes}
+        _link(fleet, host, steps[s.name].target), disks.get(s.name, 0.0)) for s in sizes}
     budget = deadline_at - time.time()
     if strategy == "plan":
         plan, run_with = deadline.plan(list(candidates.values()), budget, rates), rates
@@ -223,6 +224,17 @@ def _replanned(move, c, deadline_at, rates, report, storage_ahead_mib: float = 0
                      f"{left:.0f} s left, a save ~{save:.0f} s; saving it", vm=c.name, kind="plan")
         return replace(move, how="suspend", target=None, reason="re-planned: the link is slower")
     return replace(move, how=how)
+
+
+def _disk_mib(guest) -> float:
+    """Its local disk's data, for the estimate; an unreadable pool costs the estimate, never
+    the reclaim."""
+    try:
+        return local_disks.data_mib(guest)
+    except NotFound:
+        raise
+    except VmmgrError:
+        return 0.0
 
 
 def _dirty_rates(guests) -> dict[str, float]:

@@ -252,6 +252,14 @@ def checksum(conn: libvirt.virConnect, vm: str) -> str:
     return digest.hexdigest()
 
 
+def data_mib(guest) -> float:
+    """The MiB a move of this VM copies for its local disk (0: it has none)."""
+    if not local_disks(guest.xml()):
+        return 0.0
+    vol = find(guest.connection(), guest.name)
+    return _size(vol) / 2**20 if vol is not None else 0.0
+
+
 def _size(vol: libvirt.virStorageVol) -> int:
     """The volume's file size in bytes (its physical size; a qcow2's capacity is virtual)."""
     with translated("a local disk"):

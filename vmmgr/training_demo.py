@@ -106,8 +106,10 @@ def script_text() -> bytes:
 
 class TrainingDemo:
     def __init__(self, paths: Paths, submit: Submit, echo: Callable = print,
-                 ssh_prefix: list[str] = (), workdir: Path | None = None):
+                 ssh_prefix: list[str] = (), workdir: Path | None = None,
+                 local_disk: bool = False):
         self.paths, self.submit, self.echo = paths, submit, echo
+        self.local_disk = local_disk  # each VM's disk on its host's own storage
         self.prefix = list(ssh_prefix)
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="vmmgr-training-"))
         self.key = self.workdir / "id_ed25519"
@@ -151,9 +153,11 @@ class TrainingDemo:
                 if fleet.find(vm):
                     self.submit(requests.destroy(fleet, vm))
                 req = requests.create_from_image(fleet, vm, IMAGE, memory_mib=MEMORY_MIB,
-                                                 host=host, ssh_keys=(pub,))
+                                                 host=host, ssh_keys=(pub,),
+                                                 local_disk=self.local_disk)
             self.submit(req)
-        self.echo(f"== 4 VMs from {IMAGE} booting: moving pair {' + '.join(MOVING)} on "
+        where = " (disks on their hosts' own storage)" if self.local_disk else ""
+        self.echo(f"== 4 VMs from {IMAGE}{where} booting: moving pair {' + '.join(MOVING)} on "
                   f"{start[MOVING[0]]}, still pair on {start[STILL[0]]} and {start[STILL[1]]}")
         deadline = time.monotonic() + BOOT_TIMEOUT
         for vm in start:

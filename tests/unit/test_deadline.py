@@ -1,5 +1,7 @@
 """The deadline planner, without a hypervisor: made-up sizes, dirty rates and bandwidths."""
 
+import pytest
+
 from vmmgr.deadline import Candidate, Rates, plan
 
 RATES = Rates(link_mibps=100, link_total_mibps=200, storage_mibps=200, save_streams=2,
@@ -150,3 +152,23 @@ def test_a_deadline_not_all_can_meet_keeps_shortest_first_to_save_the_most():
               Candidate("big", 1000, target="h2")], 10.5, slow_storage)
     # longest first would leave both small ones late; shortest first, only the big one
     assert p.late == ["big"] and "cannot save everything" in p.summary()
+
+
+def test_a_local_disk_is_in_the_estimate_and_keeps_a_dirtier_off_post_copy():
+    from vmmgr.deadline import migration_seconds, save_seconds
+    rates = Rates(link_mibps=100, link_total_mibps=100, storage_mibps=200, overhead_s=1.0,
+                  sent_fraction=1.0)
+    plain, disk = Candidate("a", 512, target="h2"), Candidate("b", 512, target="h2",
+                                                              disk_mib=300)
+    assert migration_seconds(disk, 100, rates)[1] - migration_seconds(plain, 100, rates)[1] == (
+        pytest.approx(3.0))
+    assert save_seconds(disk, 200, rates)[1] - save_seconds(plain, 200, rates)[1] == (
+        pytest.approx(1.5))
+    hot = Candidate("c", 512, dirty_mibps=80, target="h2")
+    assert migration_seconds(hot, 100, rates)[0] == "postcopy"
+    how, seconds = migration_seconds(Candidate("d", 512, dirty_mibps=80, target="h2",
+                                               disk_mib=300), 100, rates)
+    assert how == "migrate" and seconds == pytest.approx(3.0 + 512 / 50 + 1.0)
+    # a deadline the disk's copy would miss: the disk VM is parked, the other migrates
+    p = plan([plain, disk], 9, rates)
+    assert hows(p) == {"a": "migrate", "b": "suspend"}, p.moves

@@ -71,3 +71,28 @@ def test_a_local_disk_needs_an_image_and_no_devices(tmp_path):
     with pytest.raises(InvalidRequest, match="go with an OS image"):
         make_spec("vm1", memory_mib=128, vcpus=1, kernel=tmp_path / "k", image_root=tmp_path,
                   local_disk=True)
+
+
+def test_a_migration_copies_the_local_disk_and_names_the_target_for_its_tls(mocker):
+    import libvirt
+
+    from vmmgr.migration import _Migration
+
+    dest = mocker.Mock(uri="qemu+tls://10.77.0.13/system?pkipath=/etc/x")
+    dest.record.tls, dest.record.lab = True, False
+    fleet = mocker.Mock()
+    fleet.host.return_value = dest
+    guest = mocker.Mock(host_name="h1")
+    guest.xml.return_value = DOMAIN
+    move = _Migration(fleet, guest, "h3", pol.get_policy("balanced"), None, 0.1,
+                      mocker.Mock(lost=False))
+    move.disks = local_disks.local_disks(DOMAIN)
+    flags, params = move._flags_and_params(mocker.MagicMock())
+    assert flags & libvirt.VIR_MIGRATE_NON_SHARED_INC and flags & libvirt.VIR_MIGRATE_TLS
+    assert not flags & libvirt.VIR_MIGRATE_NON_SHARED_DISK  # the base is on both sides
+    assert params[libvirt.VIR_MIGRATE_PARAM_MIGRATE_DISKS] == ["vda"]
+    assert params[libvirt.VIR_MIGRATE_PARAM_TLS_DESTINATION] == "10.77.0.13"
+    move.disks = []
+    flags, params = move._flags_and_params(mocker.MagicMock())
+    assert not flags & libvirt.VIR_MIGRATE_NON_SHARED_INC
+    assert libvirt.VIR_MIGRATE_PARAM_MIGRATE_DISKS not in params
