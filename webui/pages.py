@@ -213,7 +213,8 @@ def vm_create():
                 host=request.form.get("host") or None, disk_gib=_int("disk_gib", 0),
                 ssh_keys=keys, user_data=request.form.get("user_data", "").replace("\r\n", "\n"),
                 gpu_model=request.form.get("gpu_model", ""),
-                gpu_count=1 if request.form.get("gpu_model") else 0)
+                gpu_count=1 if request.form.get("gpu_model") else 0,
+                local_disk=request.form.get("local_disk") == "on")
         params = {}
         for word in request.form.get("params", "").split():
             key, sep, value = word.partition("=")

@@ -89,6 +89,8 @@ def test_actions_need_the_csrf_token(as_role, url):
     ("/vms", {"name": "a", "image": "base", "disk_gib": "1"}, "needs at least 3 GiB"),
     ("/vms", {"name": "a", "image": "base", "user_data": "runcmd: []"}, "#cloud-config"),
     ("/vms", {"name": "a", "image": "base"}, "no host has room for a"),
+    ("/vms", {"name": "a", "image": "base", "local_disk": "on", "gpu_model": "lab-gpu"},
+     "no --local-disk"),
     ("/vms/vm1/migrate", {"target": "host2"}, "unknown host &#39;host2&#39;"),
     ("/vms/vm1/migrate", {"target": "host2", "policy": "warp"}, "unknown policy"),
     ("/vms/vm1/cancel", {}, "unknown VM &#39;vm1&#39;"),
