@@ -130,7 +130,7 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
         c = candidates[move.vm]
         if resource == "link" and replanning:
             with lock:
-                ahead = saving_mib[0] + sum(candidates[v].memory_mib for v in replanned)
+                ahead = saving_mib[0] + sum(_mib(candidates[v]) for v in replanned)
             move = _replanned(move, c, deadline_at, replace(
                 rates, link_mibps=seen["link"]), report, storage_ahead_mib=ahead)
             if move.resource == "storage":  # a save takes one of storage's streams, before
@@ -144,7 +144,7 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
         if resource == "storage":
             with lock:
                 replanned.discard(move.vm)
-                saving_mib[0] += c.memory_mib
+                saving_mib[0] += _mib(c)
         started = time.monotonic()
         if resource == "link" and not replanning:
             move = replace(move, how="migrate")
@@ -161,7 +161,7 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
         finally:
             if resource == "storage":
                 with lock:
-                    saving_mib[0] -= c.memory_mib
+                    saving_mib[0] -= _mib(c)
         spent = time.monotonic() - started
         safe = move.vm not in outcome.failed
         with lock:
@@ -172,7 +172,8 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
                     "storage" if move.vm in outcome.suspended and move.how == "suspend"
                     else None)
             if kind:  # the first measurement replaces the prior; later ones average in
-                rate = rates.sent_mib(c.memory_mib) / max(0.1, spent - rates.overhead_s)
+                rate = ((rates.sent_mib(c.memory_mib) + c.disk_mib)
+                        / max(0.1, spent - rates.overhead_s))
                 seen[kind] = rate if not samples[kind] else 0.5 * seen[kind] + 0.5 * rate
                 samples[kind] += 1
             if kind == "link" and replanning:
@@ -218,12 +219,17 @@ def _replanned(move, c, deadline_at, rates, report, storage_ahead_mib: float = 0
     how, secs = deadline.migration_seconds(c, rates.link_mibps, rates)
     _, save = deadline.save_seconds(c, rates.storage_mibps / max(1, rates.save_streams), rates)
     # the save shares storage with what it already writes and waits behind earlier re-plans
-    save = max(save, (storage_ahead_mib + c.memory_mib) / rates.storage_mibps + rates.overhead_s)
+    save = max(save, (storage_ahead_mib + _mib(c)) / rates.storage_mibps + rates.overhead_s)
     if secs > left and save <= left and not c.group:
         report.event(f"{c.name}: re-planned: a migration would now take ~{secs:.0f} s of the "
                      f"{left:.0f} s left, a save ~{save:.0f} s; saving it", vm=c.name, kind="plan")
         return replace(move, how="suspend", target=None, reason="re-planned: the link is slower")
     return replace(move, how=how)
+
+
+def _mib(c: deadline.Candidate) -> float:
+    """What saving the VM writes to storage: its memory and its local disk."""
+    return c.memory_mib + c.disk_mib
 
 
 def _disk_mib(guest) -> float:

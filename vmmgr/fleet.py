@@ -278,7 +278,8 @@ class Fleet:
             return guest
 
     def relocate_stopped(self, vm: str, target: str) -> Guest:
-        """Move a stopped VM's definition to `target` (its disk is on shared storage): defined
+        """Move a stopped VM's definition to `target` (its disk on shared storage, or a local
+        disk copied along first, checked on arrival): defined
         there first, then undefined here, so some host always holds it; neither runs it. A run
         cut short between the two is finished by the next: the target's copy stays."""
         copies = self.find_all(vm, strict=True)
@@ -291,6 +292,8 @@ class Fleet:
             for g in copies:
                 if g is not moved:
                     local = local_disks.local_disks(g.xml(inactive=True))
+                    if local:
+                        self._same_local_disk(g, moved)
                     g.undefine()
                     if local:
                         local_disks.remove(g.connection(), vm)
@@ -340,6 +343,19 @@ class Fleet:
             except VmmgrError:
                 continue  # a host that does not answer keeps its copy until it does
         return removed
+
+    def _same_local_disk(self, left: Guest, kept: Guest) -> None:
+        """Before the copy `left` is undefined for `kept` (a relocation cut short between the
+        two), the kept host must hold the same disk: copied there if it has none, refused if
+        its disk differs (one of the two was started meanwhile; neither is thrown away)."""
+        vm = kept.name
+        if local_disks.find(kept.connection(), vm) is None:
+            local_disks.copy(left.connection(), kept.connection(), vm)
+        elif (local_disks.checksum(left.connection(), vm)
+              != local_disks.checksum(kept.connection(), vm)):
+            raise Conflict(f"{vm} is defined on {left.host_name} and {kept.host_name} with "
+                           f"different local disks: neither is removed (undefine the copy "
+                           f"to drop on its host by hand)")
 
     def swap_disk_path(self, vm: str) -> Path:
         return self.paths.storage / "disks" / f"{vm}-swap.img"
@@ -419,15 +435,20 @@ class Fleet:
             if guest is None and not suspended and not self.leftovers(vm):
                 raise NotFound(f"unknown VM {vm!r}")
             lease.check()
+            local = (self.paths.saves / vm / "disk.json").is_file()  # kept with its save
             for copy in self.find_all(vm):  # two while a broken post-copy waits paused
                 try:
-                    local = bool(local_disks.local_disks(copy.xml(inactive=True)))
+                    local = local or bool(local_disks.local_disks(copy.xml(inactive=True)))
                     copy.destroy()
                     copy.undefine()
                 except NotFound:
-                    local = False  # libvirt removed that copy with the other (an incoming one)
-                if local:
-                    local_disks.remove(self.host(copy.host_name).conn, vm)
+                    pass  # libvirt removed that copy with the other (an incoming one)
+            if local:  # on every host: one a move or a resume cut short left it on too
+                for host in self.hosts():
+                    try:
+                        local_disks.remove(host.conn, vm)
+                    except VmmgrError:
+                        pass  # a host that does not answer keeps it until destroyed again
             edge = Edge.load(self.paths, self.state)
             address = pool_for(self.paths).address_of(vm) if pool_for(self.paths) else None
             if edge is not None and address:

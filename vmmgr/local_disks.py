@@ -12,8 +12,10 @@ incremental: only the overlay travels, the base is on both hosts); a stopped VM'
 copied host to host; a suspended VM's is kept beside its save on the site's storage.
 """
 
+import contextlib
 import hashlib
 import os
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +24,7 @@ from xml.sax.saxutils import escape
 import libvirt
 
 from .errors import VmmgrError
-from .libvirt_errors import translated
+from .libvirt_errors import translate, translated
 
 POOL = "vmmgr-disks"
 POOL_DIR = "/var/lib/libvirt/vmmgr-disks"
@@ -57,8 +59,10 @@ def local_disks(domain_xml: str) -> list[str]:
 
 
 def pool_xml() -> str:
+    # 0711: QEMU, running as its own user on a production host (libvirt hands it the disk file
+    # itself), must get through the directory; only the files' 0600 keeps their data
     return (f"<pool type='dir'><name>{POOL}</name><target><path>{POOL_DIR}</path>"
-            "<permissions><mode>0700</mode></permissions></target></pool>")
+            "<permissions><mode>0711</mode></permissions></target></pool>")
 
 
 def overlay_xml(vm: str, capacity: int, base: str) -> str:
@@ -98,14 +102,45 @@ def ensure_pool(conn: libvirt.virConnect) -> libvirt.virStoragePool:
 
 def find(conn: libvirt.virConnect, vm: str) -> libvirt.virStorageVol | None:
     pool = ensure_pool(conn)
-    with translated(f"{vm}'s local disk"):
-        pool.refresh(0)  # a volume made or removed by a migration is not in libvirt's list yet
+    vol = _lookup(pool, vm)
+    if vol is None:  # a volume a migration made is not in libvirt's list until a refresh
+        _refresh(pool)
+        vol = _lookup(pool, vm)
+    elif not _exists(vol):  # nor is one it removed gone from it
+        _refresh(pool)
+        vol = _lookup(pool, vm)
+    return vol
+
+
+def _lookup(pool: libvirt.virStoragePool, vm: str) -> libvirt.virStorageVol | None:
+    with translated("a local disk"):
         try:
             return pool.storageVolLookupByName(volume_name(vm))
         except libvirt.libvirtError as err:
             if err.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
                 return None
             raise
+
+
+def _exists(vol: libvirt.virStorageVol) -> bool:
+    try:
+        vol.info()  # stats the file
+        return True
+    except libvirt.libvirtError:
+        return False
+
+
+def _refresh(pool: libvirt.virStoragePool, attempts: int = 20) -> None:
+    """libvirt refuses a refresh while a volume of the pool is being built or streamed (a
+    reclaim moves several VMs to one host at once): wait for it, briefly."""
+    for attempt in range(attempts):
+        try:
+            pool.refresh(0)
+            return
+        except libvirt.libvirtError as err:
+            if "asynchronous jobs" not in str(err) or attempt == attempts - 1:
+                raise translate(err, "the host's disk pool") from err
+            time.sleep(0.25)
 
 
 def create_overlay(conn: libvirt.virConnect, vm: str, capacity: int, base: str) -> str:
@@ -126,7 +161,16 @@ def overlay_of(conn: libvirt.virConnect, vm: str) -> tuple[int, str]:
 
 
 def remove(conn: libvirt.virConnect, vm: str) -> bool:
-    """Delete the VM's overlay on this host, if there is one; whether there was."""
+    """Delete the VM's overlay on this host, if there is one; whether there was. Refused while
+    the host defines the VM (running, stopped, or arriving): libvirt would delete a disk in
+    use, and the one a VM runs on is never removed."""
+    with translated(f"look up {vm}"):
+        try:
+            conn.lookupByName(vm)
+            raise VmmgrError(f"{vm} is defined on this host: its local disk stays")
+        except libvirt.libvirtError as err:
+            if err.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                raise
     vol = find(conn, vm)
     if vol is None:
         return False
@@ -136,18 +180,20 @@ def remove(conn: libvirt.virConnect, vm: str) -> bool:
 
 
 def _chunks(conn: libvirt.virConnect, vol: libvirt.virStorageVol) -> Iterator[bytes]:
-    stream = conn.newStream(0)
+    """The volume's bytes, from the start (length 0: to its end)."""
     with translated("reading a local disk"):
-        vol.download(stream, 0, 0, 0)
+        stream = conn.newStream(0)
         try:
+            vol.download(stream, 0, 0, 0)
             while True:
                 data = stream.recv(CHUNK)
-                if data in (-2, b""):  # -2: would block (never, on a blocking stream); b"": end
+                if data == b"":  # the end (a blocking stream never says -2, "try again")
                     break
                 yield data
             stream.finish()
         except BaseException:
-            stream.abort()
+            with contextlib.suppress(libvirt.libvirtError):
+                stream.abort()
             raise
 
 
@@ -193,7 +239,8 @@ def copy(source: libvirt.virConnect, target: libvirt.virConnect, vm: str,
     if vol is None:
         raise VmmgrError(f"{vm} has no local disk to copy")
     size = _size(vol)
-    sent = _receive(target, vm, size, _chunks(source, vol), progress)
+    with contextlib.closing(_chunks(source, vol)) as chunks:  # a failed write ends the read
+        sent = _receive(target, vm, size, chunks, progress)
     held = checksum(target, vm)
     if held != sent:
         remove(target, vm)
@@ -209,18 +256,22 @@ def save_to(conn: libvirt.virConnect, vm: str, file: Path,
         raise VmmgrError(f"{vm} has no local disk on this host")
     size, digest, done = _size(vol), hashlib.sha256(), 0
     partial = file.with_name(file.name + ".partial")
-    with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
-        for data in _chunks(conn, vol):
-            out.write(data)
-            digest.update(data)
-            done += len(data)
-            if progress:
-                progress(done, size)
-        out.flush()
-        os.fsync(out.fileno())
-    if done != size:
+    try:
+        with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                       "wb") as out, contextlib.closing(_chunks(conn, vol)) as chunks:
+            for data in chunks:
+                out.write(data)
+                digest.update(data)
+                done += len(data)
+                if progress:
+                    progress(done, size)
+            out.flush()
+            os.fsync(out.fileno())
+        if done != size:
+            raise VmmgrError(f"{vm}'s disk: {done} of {size} bytes read")
+    except BaseException:
         partial.unlink(missing_ok=True)
-        raise VmmgrError(f"{vm}'s disk: {done} of {size} bytes read")
+        raise
     partial.replace(file)
     return digest.hexdigest()
 

@@ -406,16 +406,14 @@ class _Migration:
         self._event(f"local disk laid on {self.target} (over {base})")
 
     def tidy_disks(self) -> None:
-        """A local disk stays only where the VM is now defined: the source's after a move,
-        the target's after a failed or cancelled one. Where that cannot be told (a host
-        that does not answer), the disk is left."""
-        for host in (self.fleet.host(self.source), self.dest):
-            try:
-                if host.find_guest(self.guest.name) is None and local_disks.remove(
-                        host.conn, self.guest.name):
-                    self._event(f"local disk removed from {host.name}")
-            except VmmgrError as err:
-                self._event(f"local disk on {host.name} left: {_words(err)}")
+        """A local disk stays only where the VM is now defined: the target's after a move,
+        the source's after a failed or cancelled one (`Fleet.tidy_local_disks`: nothing is
+        removed while that cannot be told)."""
+        try:
+            for host in self.fleet.tidy_local_disks(self.guest.name):
+                self._event(f"local disk removed from {host}")
+        except VmmgrError as err:
+            self._event(f"local disks left as they are: {_words(err)}")
 
     def _follow_switchover(self, address: str) -> list:
         """Move the VM's address at the edge the moment the source pauses for the switch-over

@@ -152,7 +152,18 @@ def _suspend(fleet: Fleet, vm: str, parked: bool, mode: str | None) -> Suspended
             if _running_idle(guest):
                 shutil.rmtree(d, ignore_errors=True)
             raise
-        return _saved(d, guest, int((time.monotonic() - t0) * 1000))
+        try:
+            return _saved(d, guest, int((time.monotonic() - t0) * 1000))
+        except (VmmgrError, OSError) as err:
+            if (d / RECORD).is_file() or not (d / "image.partial").is_file():
+                raise  # suspended after all, or not this step's failure: recover settles it
+            # Its local disk could not be kept: the VM goes back to running on its host from
+            # the image just saved (its disk is still there), as if never suspended.
+            host = fleet.host(guest.host_name)
+            host.restore(partial, host.save_image_xml(partial))
+            shutil.rmtree(d, ignore_errors=True)
+            raise VmmgrError(f"{vm} could not be suspended ({err}); it runs on "
+                             f"{guest.host_name} again, restored from its save") from err
 
 
 def park_stopped(fleet: Fleet, vm: str) -> Suspended:
@@ -196,6 +207,8 @@ def _begin(guest, parked: bool, mode: str, inactive_xml: str, d: Path) -> Path:
     finish or undo the suspend if this process does not live to."""
     model, count = guest.device_needs() if mode == "guest" else ("", 0)
     d.mkdir(parents=True, exist_ok=True)
+    for stale in (DISK, DISK_SUM):  # a directory an earlier run left half removed
+        (d / stale).unlink(missing_ok=True)
     (d / "domain.xml").write_text(inactive_xml)
     _write_json(d / INTENT, {"vm": guest.name, "from_host": guest.host_name,
                              "memory_mib": guest.memory_mib(), "vcpus": guest.vcpus(),
@@ -206,10 +219,14 @@ def _begin(guest, parked: bool, mode: str, inactive_xml: str, d: Path) -> Path:
 
 
 def _saved(d: Path, guest, save_ms: int) -> Suspended:
-    """libvirt's save is complete: the image takes its name, the record is written, and the VM
-    now lives on storage only."""
+    """libvirt's save is complete: its local disk (if any) is kept beside it, the image takes
+    its name, the record is written, and the VM now lives on storage only. The image keeps its
+    partial name until the disk is kept: a run cut short in between is finished by `recover`,
+    which finds a complete image.partial and keeps the disk again."""
     intent = json.loads((d / INTENT).read_text())
-    os.replace(d / "image.partial", d / "image")
+    _keep_local_disk(d, guest)
+    if (d / "image.partial").exists():
+        os.replace(d / "image.partial", d / "image")
     return _suspended(d, guest, intent, save_ms, (d / "image").stat().st_size)
 
 
@@ -295,7 +312,7 @@ def _resume(fleet: Fleet, vm: str, host: str | None) -> Resumed:
         _claim(d, vm)
         try:
             load_local_disk(d, target)
-        except VmmgrError:
+        except Exception:
             _unclaim(d)  # its kept disk stays on storage, the VM stays suspended
             raise
         if record.mode == "guest":
@@ -325,9 +342,9 @@ def _drop_loaded_disk(d: Path, target) -> None:
     the VM's copy)."""
     if (d / DISK_SUM).is_file():
         try:
-            local_disks.remove(target.conn, d.name)
+            local_disks.remove(target.conn, d.name)  # refused where the VM is defined
         except VmmgrError:
-            pass  # a stale copy: the next load on that host replaces it
+            pass  # a stale copy (or one in use): the next load on that host replaces it
 
 
 def _claim(d: Path, vm: str) -> None:
@@ -446,6 +463,8 @@ def _recover_suspend(fleet: Fleet, vm: str, d: Path, wait: float) -> str:
     if (d / RECORD).is_file():  # cut short after the record: only the host's copy is left
         if guest is not None and not guest.is_active():
             guest.undefine()
+        if (d / DISK_SUM).is_file() and host.find_guest(vm) is None:
+            local_disks.remove(host.conn, vm)  # its kept copy is on storage
         (d / INTENT).unlink()
         return f"the {what} cut short had finished: suspended"
     if intent["mode"] == "stopped":
@@ -465,8 +484,9 @@ def _recover_suspend(fleet: Fleet, vm: str, d: Path, wait: float) -> str:
     if not active and intent["mode"] == "guest":
         _hibernated(d, guest, fleet.swap_disk_path(vm), 0)
         return "the hibernation cut short had completed (the guest powered off): suspended"
-    if not active and _complete(d / "image.partial"):
-        written = (d / "image.partial").stat().st_mtime
+    image = d / "image.partial" if (d / "image.partial").exists() else d / "image"
+    if not active and _complete(image):
+        written = image.stat().st_mtime
         _saved(d, guest, max(0, int((written - intent["started_at"]) * 1000)))
         return f"the save cut short had completed on {host.name}: suspended"
     if active:

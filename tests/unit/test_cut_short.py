@@ -470,3 +470,49 @@ def test_a_switch_over_event_after_the_call_ended_routes_nothing(tmp_path, mocke
     callbacks["h2"](libvirt.VIR_DOMAIN_EVENT_RESUMED, 0)  # late
     callbacks["h1"](libvirt.VIR_DOMAIN_EVENT_SUSPENDED, libvirt.VIR_DOMAIN_EVENT_SUSPENDED_MIGRATED)
     fleet.route_address.assert_not_called()
+
+
+LOCAL = ("<domain><name>vm1</name><devices><disk type='file' device='disk'><source file='"
+         "/var/lib/libvirt/vmmgr-disks/vm1.qcow2'/><target dev='vda'/></disk></devices></domain>")
+
+
+def test_a_save_whose_local_disk_cannot_be_kept_stays_whole_for_recover(tmp_path, mocker):
+    """Found in review: the image took its name before the disk was kept, so a keep that failed
+    (storage full, the worker killed) left `recover` no image.partial: it booted the VM afresh
+    and deleted the complete save. Now the image keeps its partial name until the disk is kept,
+    and recover finishes the suspend from it (keeping the disk then)."""
+    from vmmgr import local_disks
+    guest = FakeGuest("vm1", "h1", state="shutoff")  # libvirt's save completed
+    guest.connection = lambda: "conn"
+    fleet = FakeFleet(tmp_path, FakeHost("h1", guest))
+    d = cut_short_save(fleet, image=DONE)
+    (d / "domain.xml").write_text(LOCAL)
+    keep = mocker.patch.object(local_disks, "save_to", side_effect=OSError(28, "No space left"))
+    with pytest.raises(OSError):
+        suspend._saved(d, guest, 900)
+    assert (d / "image.partial").is_file() and not (d / "image").exists()
+    keep.side_effect, keep.return_value = None, "ab" * 32
+    removed = mocker.patch.object(local_disks, "remove", return_value=True)
+    words = suspend.recover(fleet, "vm1")
+    assert "had completed" in words and "start" not in guest.calls
+    assert (d / "image").is_file() and (d / "record.json").is_file()
+    assert json.loads((d / "disk.json").read_text()) == {"sha256": "ab" * 32}
+    assert guest.calls == ["undefine"] and removed.call_args.args == ("conn", "vm1")
+
+
+def test_a_renamed_complete_image_is_a_finished_save_to_recover(tmp_path):
+    guest = FakeGuest("vm1", "h1", state="shutoff")
+    fleet = FakeFleet(tmp_path, FakeHost("h1", guest))
+    d = cut_short_save(fleet, image=DONE)
+    (d / "image.partial").rename(d / "image")
+    assert "had completed" in suspend.recover(fleet, "vm1")
+    assert "start" not in guest.calls and (d / "record.json").is_file()
+
+
+def test_a_local_disk_is_never_removed_where_its_vm_is_defined(mocker):
+    from vmmgr import local_disks
+    from vmmgr.errors import VmmgrError
+    conn = mocker.Mock()
+    with pytest.raises(VmmgrError, match="defined on this host"):
+        local_disks.remove(conn, "vm1")
+    conn.storagePoolLookupByName.assert_not_called()  # not even looked for
