@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from vmmgr import console, os_images, seed
+from vmmgr import console, local_disks, os_images, seed
 from vmmgr.addresses import pool_for
 from vmmgr.lab_net import CLIENT_NS
 
@@ -250,15 +250,19 @@ def test_a_disk_backed_vm_whose_worker_dies_mid_migration_ends_on_one_host_with_
 
 def test_the_training_demo_moved_four_times_ends_with_bit_identical_losses(
         lab, fleet, paths, debian, tmp_path):
-    """`vmmgr demo training`, shortened: two VMs train data-parallel over TCP while they are
-    moved 4 times (one move a reclaim with no room anywhere: suspended to disk, resumed by the
-    fleet when room returns), an SSH session following the log throughout; their losses equal,
-    bit for bit, those of a pair that never moved. Nothing is left behind."""
+    """`vmmgr demo training`, shortened and across sites: two VMs train data-parallel over TCP
+    while they are moved 4 times between three sites (each host its own, a WAN between them),
+    their disks on their hosts' own storage and copied by every move (one move a reclaim with
+    no room anywhere: suspended to disk with its disk, resumed by the fleet when room returns),
+    an SSH session following the log throughout; their losses equal, bit for bit, those of a
+    pair that never moved. Nothing is left behind, on storage or on any host's own."""
     plot = tmp_path / "losses.png"
     proc = subprocess.run([VMMGR, "demo", "training", "--moves", "4", "--steps", "250",
-                           "--plot", str(plot)], capture_output=True, text=True, timeout=1800)
+                           "--sites", "3", "--local-disk", "--plot", str(plot)],
+                          capture_output=True, text=True, timeout=1800)
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
+    assert "3 hosts in 3 sites" in out and "disks on their hosts' own storage" in out
     assert "losses BIT-IDENTICAL after 4 moves" in out
     assert "losses: 250 steps moved, 250 never moved" in out
     assert "SSH session to train-a: held through every move" in out
@@ -269,8 +273,10 @@ def test_the_training_demo_moved_four_times_ends_with_bit_identical_losses(
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for vm in ("train-a", "train-b", "still-a", "still-b", "filler-host1", "filler-host2"):
         assert fleet.find(vm) is None and not fleet.is_suspended(vm), vm
-    hosts = {h["name"]: h["state"] for h in json.loads(cli("host", "list", "--json").stdout)}
-    assert set(hosts.values()) == {"active"}, hosts
+        assert not [h for h in fleet.hosts() if local_disks.find(h.conn, vm)], vm
+    hosts = json.loads(cli("host", "list", "--json").stdout)
+    assert {h["state"] for h in hosts} == {"active"}, hosts
+    assert {h["site"] for h in hosts} == {""}, hosts  # the lab's one site again
 
 
 def test_a_vm_from_the_image_with_a_device_moves_by_hibernating_into_its_own_kernel(
