@@ -1,7 +1,8 @@
 """Sites in the lab (issue 18's first part): hosts grouped into sites with a WAN between them
 (htb, and netem where the kernel has it, on the links between sites), the inventory knowing each host's site, and placement
 keeping moves inside a site while it has room. The lab's storage is still shared by every
-site: moves without shared storage are not built yet (see the README)."""
+site (see the README); a VM's local disk crossing the WAN is in test_local_disks.py and the
+training demo's test in test_images.py."""
 
 import json
 import subprocess
