@@ -32,7 +32,7 @@ from vmmgr import console, operations, suspend, workloads  # noqa: E402
 from vmmgr.errors import MigrationFailed, VmmgrError  # noqa: E402
 from vmmgr.fleet import Fleet  # noqa: E402
 from vmmgr.images import ensure_builtin  # noqa: E402
-from vmmgr.lab import LAB_GPU_MODEL, Lab  # noqa: E402
+from vmmgr.lab import LAB_GPU_MODEL, SUBNET, Lab  # noqa: E402
 from vmmgr.paths import lab_paths  # noqa: E402
 from vmmgr.spec import make_spec  # noqa: E402
 from vmmgr.state import FleetState  # noqa: E402
@@ -41,7 +41,6 @@ from tasks.app import VISIBILITY_TIMEOUT  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 VMMGR = str(Path(sys.executable).parent / "vmmgr")
 DIRTY, COUNT, GPU = "fault-dirt", "fault-count", "fault-gpu"
-HOST2_IP = "10.77.0.12"
 FAULTS = {}  # name -> (the fault, the VMs it strikes)
 
 
@@ -77,17 +76,19 @@ class Lab3:
         worker = wait(lambda: self.state.task(task_id).get("worker"), 60, "task never started")
         os.kill(self.lab.services().worker_pid(worker), signal.SIGKILL)
 
-    def link(self, up: bool, new_only: bool = False) -> None:
-        """host1 -> host2: every packet refused (or, `new_only`, new connections only)."""
-        rule = ["-d", HOST2_IP, "-p", "tcp", *(["-m", "conntrack", "--ctstate", "NEW"]
-                                               if new_only else []),
+    def link(self, up: bool, new_only: bool = False, source: str = "host1",
+             target: str = "host2") -> None:
+        """source -> target: every packet refused (or, `new_only`, new connections only)."""
+        ip = f"{SUBNET}.{10 + int(target.removeprefix('host'))}"  # as Lab gives it
+        rule = ["-d", ip, "-p", "tcp", *(["-m", "conntrack", "--ctstate", "NEW"]
+                                         if new_only else []),
                 "-j", "REJECT", "--reject-with", "tcp-reset"]
-        ipt = ["ip", "netns", "exec", "vmmgr-host1", "iptables"]
+        ipt = ["ip", "netns", "exec", f"vmmgr-{source}", "iptables"]
         if up:
             subprocess.run([*ipt, "-D", "OUTPUT", *rule], capture_output=True)
             return
         subprocess.run([*ipt, "-I", "OUTPUT", *rule], check=True)
-        subprocess.run(["ip", "netns", "exec", "vmmgr-host1", "ss", "-K", "dst", HOST2_IP],
+        subprocess.run(["ip", "netns", "exec", f"vmmgr-{source}", "ss", "-K", "dst", ip],
                        capture_output=True)
 
     def libvirtd_pid(self, host: str) -> int:

@@ -325,9 +325,13 @@ class Fleet:
     def tidy_local_disks(self, vm: str) -> list[str]:
         """After a move cut short (its worker killed), a VM's local disk may be on two hosts:
         the one that runs it and the one it left, or the one it never reached. Keep the disk of
-        the host that defines it, alone, and remove the others; returns where from. Nothing is
-        removed while that cannot be told: the VM defined on no host that answers, or on two."""
+        the host that defines it, alone, and remove the others; returns where from. A VM
+        suspended with its disk kept beside its save needs none on any host. Nothing is
+        removed while that cannot be told: the VM defined on no host that answers, or on two.
+        For the caller holding the VM's lock."""
         copies = self.find_all(vm)
+        if not copies:
+            return self._tidy_suspended_disks(vm)
         if len(copies) != 1 or not local_disks.local_disks(copies[0].xml(inactive=True)):
             return []
         keeper = copies[0].host_name
@@ -342,6 +346,25 @@ class Fleet:
                     removed.append(host.name)
             except VmmgrError:
                 continue  # a host that does not answer keeps its copy until it does
+        return removed
+
+    def _tidy_suspended_disks(self, vm: str) -> list[str]:
+        d = self.paths.saves / vm
+        if not ((d / "record.json").is_file() and (d / "disk.json").is_file()) or (
+                (d / "intent.json").is_file() or (d / "claim.json").is_file()):
+            return []  # not suspended with its disk kept, or half way in or out of it
+        try:
+            if self.find_all(vm, strict=True):
+                return []
+        except HostUnreachable:
+            return []  # a host that does not answer may run it
+        removed = []
+        for host in self.hosts():
+            try:
+                if local_disks.remove(host.conn, vm):
+                    removed.append(host.name)
+            except VmmgrError:
+                continue
         return removed
 
     def _same_local_disk(self, left: Guest, kept: Guest) -> None:

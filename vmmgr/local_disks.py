@@ -112,6 +112,22 @@ def find(conn: libvirt.virConnect, vm: str) -> libvirt.virStorageVol | None:
     return vol
 
 
+def held(conn: libvirt.virConnect) -> set[str]:
+    """The VMs with a disk in this host's pool, as libvirt lists them (no pool yet: none)."""
+    with translated("the host's disk pool"):
+        try:
+            pool = conn.storagePoolLookupByName(POOL)
+        except libvirt.libvirtError as err:
+            if err.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_POOL:
+                return set()
+            raise
+        if not pool.isActive():
+            return set()
+        names = pool.listVolumes()
+    suffix = volume_name("")
+    return {n[:-len(suffix)] for n in names if n.endswith(suffix) and len(n) > len(suffix)}
+
+
 def _lookup(pool: libvirt.virStoragePool, vm: str) -> libvirt.virStorageVol | None:
     with translated("a local disk"):
         try:

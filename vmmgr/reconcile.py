@@ -9,7 +9,7 @@ refreshes the host snapshot. Nothing a moving VM depends on is touched while it 
 import time
 from dataclasses import asdict
 
-from . import metrics, operations, reclaim, suspend as suspension
+from . import local_disks, metrics, operations, reclaim, suspend as suspension
 from .addresses import pool_for
 from .edge import Edge
 from .errors import VmmgrError
@@ -25,15 +25,18 @@ def reconcile(fleet: Fleet, report, start=None) -> dict:
     if start is None:
         recovered += postcopies
     resumed = reclaim.resume_parked(fleet, report)
+    swept = sweep_local_disks(fleet, report)
     rows = fleet.refresh_view()  # what libvirt and the storage say now (one pass over hosts)
     repaired = repair_records(fleet, report, rows)
     rerouted = repair_edge(fleet, report, rows)
     snapshot_hosts(fleet)
     fleet.state.write_usage_baseline()
-    metrics.count(fleet.state.r, "reconcile_repairs", by=len(repaired) + len(rerouted))
+    metrics.count(fleet.state.r, "reconcile_repairs",
+                  by=len(repaired) + len(rerouted) + len(swept))
     metrics.count(fleet.state.r, "reconcile_recoveries", by=len(recovered))
     return {"recovered": recovered, "resumed": resumed, "repaired": repaired,
-            "rerouted": rerouted, "recoveries_started": postcopies if start else []}
+            "rerouted": rerouted, "recoveries_started": postcopies if start else [],
+            "swept": swept}
 
 
 def resume_postcopies(fleet: Fleet, report, start=None) -> list[str]:
@@ -72,6 +75,41 @@ def recover_cut_short(fleet: Fleet, report) -> list[str]:
         except VmmgrError as err:  # busy, or a host that does not answer: next time
             report.event(f"{vm}: recovery postponed: {err}", vm=vm)
     return done
+
+
+def sweep_local_disks(fleet: Fleet, report) -> list[str]:
+    """Remove the local disks a move left on a host it could not reach when it ended (the link
+    cut, or the host's libvirtd killed, while the disk was copied): each under its VM's lock,
+    and only where the host does not define the VM and its disk is whole on the one host that
+    does, or kept beside its save (`Fleet.tidy_local_disks`). Returns "vm@host" for each."""
+    cut = set(suspension.cut_short(fleet))  # recover needs the disk a cut-short suspend left
+    held: dict[str, list[str]] = {}
+    for host in fleet.hosts():
+        try:
+            for vm in local_disks.held(host.conn):
+                held.setdefault(vm, []).append(host.name)
+        except VmmgrError:
+            continue  # a host that does not answer keeps its disks until it does
+    swept = []
+    for vm in sorted(set(held) - cut):
+        if fleet.state.holder("vm", vm):
+            continue  # an operation moves it, and its disk with it
+        try:
+            if all(_defines(fleet, h, vm) for h in held[vm]):
+                continue  # each disk is its host's VM's own (the common case: no lock taken)
+            with fleet.lock_vm(vm, f"sweep of {vm}'s stray local disks"):
+                removed = fleet.tidy_local_disks(vm)
+        except VmmgrError:
+            continue  # taken meanwhile, or a host stopped answering: the next pass
+        for host in removed:
+            report.event(f"{vm}: stray local disk removed from {host}", vm=vm, host=host,
+                         kind="repair")
+            swept.append(f"{vm}@{host}")
+    return swept
+
+
+def _defines(fleet: Fleet, host: str, vm: str) -> bool:
+    return fleet.host(host).find_guest(vm) is not None
 
 
 def repair_records(fleet: Fleet, report, rows: list[dict]) -> list[str]:

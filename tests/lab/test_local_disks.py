@@ -2,10 +2,14 @@
 kept on the host that runs it, and moved with it, never through shared storage. One Debian VM
 goes through every path that moves it: a live migration that copies its disk first (progress
 in a disk phase), a migration cancelled in that phase, suspend and resume on another host, a
-stopped VM moved by a reclaim, a worker killed mid-copy; after each, what it wrote is whole and
-its disk is on the one host that holds it, and nowhere else."""
+stopped VM moved by a reclaim, a worker killed mid-copy, the target's libvirtd killed and the
+link to the target cut mid-copy (the overlay left there removed by the reconcile's sweep once
+it answers); after each, what it wrote is whole and its disk is on the one host that holds it,
+and nowhere else."""
 
 import json
+import os
+import signal
 import subprocess
 import time
 
@@ -105,6 +109,37 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         faults.wait(lambda: (c.state.vm("local1").get("state"), c.state.vm("local1").get("host"))
                     == ("running", running[0]), 60, "the record never agreed")
         assert data_sum() == written
+
+        # The disk phase cut short where the move cannot tidy up after itself: the target's
+        # libvirtd killed (restarted as systemd would), then the link to the target cut. The VM
+        # runs on where it was, its disk whole; the overlay the move laid on the target stays
+        # until it answers again, and the reconcile's sweep removes it then.
+        for fault in ("libvirtd", "link"):
+            source = where(fleet, "local1")[0]
+            target = next(h for h in HOSTS if h != source)
+            task = c.task_of(c.cli("migrate", "local1", "--to", target, "--bandwidth", "5",
+                                   "--no-wait"))
+            faults.wait(lambda: len(holders(fleet, "local1")) == 2, 60, "no disk was laid")
+            time.sleep(2)  # well into the copy (75 MiB at 5 MiB/s)
+            if fault == "libvirtd":
+                os.kill(c.libvirtd_pid(target), signal.SIGKILL)
+            else:
+                c.link(False, source=source, target=target)
+            try:  # its worker's tidy cannot reach the target: the sweep's to do
+                faults.wait(lambda: c.task_state(task) == "FAILURE", 120,
+                            f"the migration went on with the {fault} cut")
+            finally:
+                if fault == "libvirtd":
+                    lab.restart_libvirtd(target)
+                else:
+                    c.link(True, source=source, target=target)
+            faults.wait(lambda: holders(fleet, "local1") == [source], 60,
+                        f"the disk stayed on {target} after the {fault} came back")
+            assert where(fleet, "local1") == [source]
+            assert fleet.locate("local1").state() == "running"
+            assert any(e["message"] == f"local1: stray local disk removed from {target}"
+                       for e in c.state.events(count=500, vm="local1")), fault
+            assert data_sum() == written
 
         # Stopped, its host reclaimed: the definition and the disk move; it boots there.
         boot = _boot_id(key, address)
