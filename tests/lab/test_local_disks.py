@@ -1,11 +1,12 @@
 """Disks on a host's own storage (`vm create --local-disk`): the overlay of a VM from an OS image
-kept on the host that runs it, and moved with it, never through shared storage. One Debian VM
-goes through every path that moves it: a live migration that copies its disk first (progress
-in a disk phase), a migration cancelled in that phase, suspend and resume on another host, a
-stopped VM moved by a reclaim, a worker killed mid-copy, the target's libvirtd killed and the
-link to the target cut mid-copy (the overlay left there removed by the reconcile's sweep once
-it answers); after each, what it wrote is whole and its disk is on the one host that holds it,
-and nowhere else."""
+kept on the host that runs it, and moved with it, never through shared storage. One Debian VM,
+each host a site of its own, goes through every path that moves it: a live migration that
+copies its disk first (progress in a disk phase), a migration cancelled in that phase, suspend
+and resume on another host, a worker killed mid-copy, the target's libvirtd killed and the link
+to the target cut mid-copy (the overlay left there removed by the reconcile's sweep once it
+answers), the source's libvirtd killed mid-copy and restarted, a stopped VM moved by a reclaim;
+after each, what it wrote is whole and its disk is on the one host that holds it, and nowhere
+else."""
 
 import json
 import os
@@ -42,9 +43,10 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         assert message in refused.stderr, refused.stderr
     assert fleet.find("bad-local") is None and holders(fleet, "bad-local") == []
 
-    cli("vm", "create", "local1", "--image", "debian-12", "--memory", "512", "--host", "host1",
-        "--ssh-key", f"{key}.pub", "--local-disk", check_code=0)
     try:
+        lab.up(3, sites=3)  # each host a site of its own: every move below crosses a WAN
+        cli("vm", "create", "local1", "--image", "debian-12", "--memory", "512", "--host",
+            "host1", "--ssh-key", f"{key}.pub", "--local-disk", check_code=0)
         guest = fleet.locate("local1")
         [vda] = [d for d in local_disks.local_disks(guest.xml()) if d == "vda"]
         assert vda and holders(fleet, "local1") == ["host1"]
@@ -128,6 +130,9 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
             try:  # its worker's tidy cannot reach the target: the sweep's to do
                 faults.wait(lambda: c.task_state(task) == "FAILURE", 120,
                             f"the migration went on with the {fault} cut")
+                said = json.loads(c.state.task(task)["outcome"])
+                assert said["error"] == "MigrationFailed", said
+                assert f"still running on {source}" in said["message"], said
             finally:
                 if fault == "libvirtd":
                     lab.restart_libvirtd(target)
@@ -140,6 +145,30 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
             assert any(e["message"] == f"local1: stray local disk removed from {target}"
                        for e in c.state.events(count=500, vm="local1")), fault
             assert data_sum() == written
+
+        # The source's libvirtd killed mid-copy, and restarted as systemd would: its QEMU runs
+        # on meanwhile; libvirt, back, ends the move it can no longer drive. One host runs the
+        # VM, and holds its disk; the other's is swept.
+        source = where(fleet, "local1")[0]
+        target = next(h for h in HOSTS if h != source)
+        task = c.task_of(c.cli("migrate", "local1", "--to", target, "--bandwidth", "5",
+                               "--no-wait"))
+        faults.wait(lambda: len(holders(fleet, "local1")) == 2, 60, "no disk was laid")
+        time.sleep(2)
+        os.kill(c.libvirtd_pid(source), signal.SIGKILL)
+        time.sleep(2)
+        lab.restart_libvirtd(source)
+        faults.wait(lambda: c.task_state(task) in ("SUCCESS", "FAILURE"), 300,
+                    "the migration never ended")
+        faults.settle(c, ["local1"], timeout=300)
+        faults.wait(lambda: len(where(fleet, "local1")) == 1
+                    and holders(fleet, "local1") == where(fleet, "local1"), 120,
+                    "a disk stayed on a host that does not hold the VM")
+        running = where(fleet, "local1")
+        faults.wait(lambda: fleet.locate("local1").state() == "running", 60, "not running")
+        faults.wait(lambda: (c.state.vm("local1").get("state"), c.state.vm("local1").get("host"))
+                    == ("running", running[0]), 60, "the record never agreed")
+        assert data_sum() == written
 
         # Stopped, its host reclaimed: the definition and the disk move; it boots there.
         boot = _boot_id(key, address)
@@ -157,5 +186,7 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         for h in HOSTS:
             cli("host", "enable", h)
         cli("vm", "destroy", "local1")
+        lab.up(3, sites=1)
+        c.state.r.delete("vmmgr:links")  # what the moves measured of the WAN
     assert holders(fleet, "local1") == [] and not (paths.saves / "local1").exists()
     assert os_images.verify(paths.images, "debian-12") == debian  # the base was never written
