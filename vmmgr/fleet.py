@@ -322,49 +322,50 @@ class Fleet:
         self.publish(vm)
         return moved
 
-    def tidy_local_disks(self, vm: str) -> list[str]:
+    def tidy_local_disks(self, vm: str, strict: bool = False, check=None) -> list[str]:
         """After a move cut short (its worker killed), a VM's local disk may be on two hosts:
         the one that runs it and the one it left, or the one it never reached. Keep the disk of
         the host that defines it, alone, and remove the others; returns where from. A VM
         suspended with its disk kept beside its save needs none on any host. Nothing is
-        removed while that cannot be told: the VM defined on no host that answers, or on two.
-        For the caller holding the VM's lock."""
-        copies = self.find_all(vm)
+        removed while that cannot be told: the VM defined on no host that answers, or on two
+        (`strict`: or on a host that does not answer). For the caller holding the VM's lock;
+        `check()`, before each removal, raises once that lock is lost."""
+        copies = self.find_all(vm, strict)
         if not copies:
-            return self._tidy_suspended_disks(vm)
+            return self._tidy_suspended_disks(vm, check)
         if len(copies) != 1 or not local_disks.local_disks(copies[0].xml(inactive=True)):
             return []
         keeper = copies[0].host_name
         if local_disks.find(self.host(keeper).conn, vm) is None:
             return []  # its disk is not where it is defined: touch nothing
-        removed = []
-        for host in self.hosts():
-            if host.name == keeper:
-                continue
-            try:
-                if host.find_guest(vm) is None and local_disks.remove(host.conn, vm):
-                    removed.append(host.name)
-            except VmmgrError:
-                continue  # a host that does not answer keeps its copy until it does
-        return removed
+        return self._remove_local_disks(vm, [h for h in self.hosts() if h.name != keeper], check)
 
-    def _tidy_suspended_disks(self, vm: str) -> list[str]:
+    def disk_kept_with_save(self, vm: str) -> bool:
+        """Suspended, its local disk kept beside its save, and neither half way in nor out."""
         d = self.paths.saves / vm
-        if not ((d / "record.json").is_file() and (d / "disk.json").is_file()) or (
-                (d / "intent.json").is_file() or (d / "claim.json").is_file()):
-            return []  # not suspended with its disk kept, or half way in or out of it
+        return ((d / "record.json").is_file() and (d / "disk.json").is_file()
+                and not (d / "intent.json").is_file() and not (d / "claim.json").is_file())
+
+    def _tidy_suspended_disks(self, vm: str, check=None) -> list[str]:
+        if not self.disk_kept_with_save(vm):
+            return []
         try:
             if self.find_all(vm, strict=True):
                 return []
         except HostUnreachable:
             return []  # a host that does not answer may run it
+        return self._remove_local_disks(vm, self.hosts(), check)
+
+    def _remove_local_disks(self, vm: str, hosts: list[Host], check) -> list[str]:
         removed = []
-        for host in self.hosts():
-            try:
+        for host in hosts:
+            if check is not None:
+                check()
+            try:  # refused where the host defines the VM (local_disks.remove)
                 if local_disks.remove(host.conn, vm):
                     removed.append(host.name)
             except VmmgrError:
-                continue
+                continue  # a host that does not answer keeps its copy until it does
         return removed
 
     def _same_local_disk(self, left: Guest, kept: Guest) -> None:
@@ -466,7 +467,9 @@ class Fleet:
                     copy.undefine()
                 except NotFound:
                     pass  # libvirt removed that copy with the other (an incoming one)
-            if local:  # on every host: one a move or a resume cut short left it on too
+            if local or (guest is None and not suspended):
+                # on every host: one a move or a resume cut short left it on too, or (no
+                # definition, no save) the overlay a create cut short laid before its seed
                 for host in self.hosts():
                     try:
                         local_disks.remove(host.conn, vm)

@@ -402,7 +402,13 @@ class _Migration:
         source's into it (`NON_SHARED_INC`) before the memory moves."""
         source = self.fleet.host(self.source)
         capacity, base = local_disks.overlay_of(source.conn, self.guest.name)
-        local_disks.create_overlay(self.dest.conn, self.guest.name, capacity, base)
+        try:
+            local_disks.create_overlay(self.dest.conn, self.guest.name, capacity, base)
+        except VmmgrError as err:  # e.g. a site that lacks the base image
+            raise MigrationFailed(
+                f"migration of {self.guest.name} from {self.source} to {self.target} not "
+                f"started: {self.target} cannot lay the local disk over its base image {base} "
+                f"({_words(err)}); the VM is still running on {self.source}") from err
         self._event(f"local disk laid on {self.target} (over {base})")
 
     def tidy_disks(self) -> None:

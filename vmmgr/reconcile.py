@@ -25,11 +25,11 @@ def reconcile(fleet: Fleet, report, start=None) -> dict:
     if start is None:
         recovered += postcopies
     resumed = reclaim.resume_parked(fleet, report)
-    swept = sweep_local_disks(fleet, report)
     rows = fleet.refresh_view()  # what libvirt and the storage say now (one pass over hosts)
     repaired = repair_records(fleet, report, rows)
     rerouted = repair_edge(fleet, report, rows)
     snapshot_hosts(fleet)
+    swept = sweep_local_disks(fleet, report)  # last: the records and routes come first
     fleet.state.write_usage_baseline()
     metrics.count(fleet.state.r, "reconcile_repairs",
                   by=len(repaired) + len(rerouted) + len(swept))
@@ -79,37 +79,45 @@ def recover_cut_short(fleet: Fleet, report) -> list[str]:
 
 def sweep_local_disks(fleet: Fleet, report) -> list[str]:
     """Remove the local disks a move left on a host it could not reach when it ended (the link
-    cut, or the host's libvirtd killed, while the disk was copied): each under its VM's lock,
-    and only where the host does not define the VM and its disk is whole on the one host that
-    does, or kept beside its save (`Fleet.tidy_local_disks`). Returns "vm@host" for each."""
+    cut, or the host's libvirtd killed, while the disk was copied). Decided from one listing of
+    each host's pool and VMs; then, for each disk to remove, under its VM's lock and asked of
+    every host again (`Fleet.tidy_local_disks`, strict): only where the host does not define the
+    VM and its disk is whole on the one host that does, or kept beside its save. Nothing while a
+    host that may define it does not answer. Returns "vm@host" for each disk removed."""
     cut = set(suspension.cut_short(fleet))  # recover needs the disk a cut-short suspend left
-    held: dict[str, list[str]] = {}
+    disks: dict[str, set[str]] = {}
+    defined: dict[str, set[str]] = {}
+    silent = False
     for host in fleet.hosts():
         try:
             for vm in local_disks.held(host.conn):
-                held.setdefault(vm, []).append(host.name)
+                disks.setdefault(vm, set()).add(host.name)
+            for guest in host.guests():  # transient ones too: a migration's incoming VM
+                defined.setdefault(guest.name, set()).add(host.name)
         except VmmgrError:
-            continue  # a host that does not answer keeps its disks until it does
+            silent = silent or host.record.state != "reclaimed"  # it may define any of them
     swept = []
-    for vm in sorted(set(held) - cut):
-        if fleet.state.holder("vm", vm):
-            continue  # an operation moves it, and its disk with it
+    for vm in sorted(set(disks) - cut):
+        where = defined.get(vm, set())
+        if silent or not disks[vm] - where or not (
+                (len(where) == 1 and where <= disks[vm])  # whole on the one host defining it
+                or (not where and fleet.disk_kept_with_save(vm))):
+            continue  # nothing stray, or nothing that can be told is safe to remove
         try:
-            if all(_defines(fleet, h, vm) for h in held[vm]):
-                continue  # each disk is its host's VM's own (the common case: no lock taken)
-            with fleet.lock_vm(vm, f"sweep of {vm}'s stray local disks"):
-                removed = fleet.tidy_local_disks(vm)
+            if fleet.state.holder("vm", vm):
+                continue  # an operation moves it, and its disk with it
+            with fleet.lock_vm(vm, f"sweep of {vm}'s stray local disks") as lease:
+                removed = fleet.tidy_local_disks(vm, strict=True, check=lease.check)
         except VmmgrError:
             continue  # taken meanwhile, or a host stopped answering: the next pass
+        except Exception as err:  # noqa: BLE001 - one VM's surprise must not end the pass
+            report.event(f"{vm}: stray local disks not swept: {err}", vm=vm, kind="error")
+            continue
         for host in removed:
             report.event(f"{vm}: stray local disk removed from {host}", vm=vm, host=host,
                          kind="repair")
             swept.append(f"{vm}@{host}")
     return swept
-
-
-def _defines(fleet: Fleet, host: str, vm: str) -> bool:
-    return fleet.host(host).find_guest(vm) is not None
 
 
 def repair_records(fleet: Fleet, report, rows: list[dict]) -> list[str]:

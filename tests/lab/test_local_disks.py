@@ -1,8 +1,10 @@
 """Disks on a host's own storage (`vm create --local-disk`): the overlay of a VM from an OS image
 kept on the host that runs it, and moved with it, never through shared storage. One Debian VM,
 each host a site of its own, goes through every path that moves it: a live migration that
-copies its disk first (progress in a disk phase), a migration cancelled in that phase, suspend
-and resume on another host, a worker killed mid-copy, the target's libvirtd killed and the link
+copies its disk first (progress in a disk phase), a migration cancelled in that phase, one to
+a host that cannot see the base image (refused, nothing left there), suspend and resume on
+another host, a worker killed while a suspend keeps the disk and while a resume loads it, a
+worker killed mid-copy, the target's libvirtd killed and the link
 to the target cut mid-copy (the overlay left there removed by the reconcile's sweep once it
 answers), the source's libvirtd killed mid-copy and restarted, a stopped VM moved by a reclaim;
 after each, what it wrote is whole and its disk is on the one host that holds it, and nowhere
@@ -14,7 +16,7 @@ import signal
 import subprocess
 import time
 
-from vmmgr import local_disks, os_images
+from vmmgr import local_disks, os_images, suspend
 from vmmgr.addresses import pool_for
 
 from .conftest import cli
@@ -31,6 +33,20 @@ def holders(fleet, vm) -> list[str]:
 
 def where(fleet, vm) -> list[str]:
     return [g.host_name for g in fleet.find_all(vm)]
+
+
+def soon(check, what: str, timeout: float = 120) -> None:
+    """Poll fast: the steps a fault must land in last a second or two."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def settled(c, fleet) -> None:
+    """Recover has finished or undone what the killed worker left, and no one holds the VM."""
+    faults.wait(lambda: not suspend.cut_short(fleet) and not c.state.holder("vm", "local1"),
+                300, "what the killed worker left was not settled")
 
 
 def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian, tmp_path):
@@ -86,6 +102,20 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         assert fleet.locate("local1").state() == "running"
         assert data_sum() == written
 
+        # A target whose site lacks the base image (hidden from host3's libvirtd, in its own
+        # mount namespace): a clear error before anything moves; the VM runs on, none left.
+        hide = ["nsenter", "-t", str(c.libvirtd_pid("host3")), "-m"]
+        subprocess.run([*hide, "mount", "-t", "tmpfs", "tmpfs", str(paths.images)], check=True)
+        try:
+            refused = cli("migrate", "local1", "--to", "host3")
+        finally:
+            subprocess.run([*hide, "umount", str(paths.images)], check=True)
+        assert refused.returncode != 0
+        assert ("host3 cannot lay the local disk over its base image" in refused.stderr
+                and "the VM is still running on host2" in refused.stderr), refused.stderr
+        assert where(fleet, "local1") == ["host2"] and holders(fleet, "local1") == ["host2"]
+        assert fleet.locate("local1").state() == "running"
+
         # Suspended with its disk (beside its save, checksummed), resumed on another host.
         cli("vm", "suspend", "local1", check_code=0)
         kept = paths.saves / "local1"
@@ -94,6 +124,31 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         cli("vm", "resume", "local1", "--host", "host3", check_code=0)
         assert where(fleet, "local1") == ["host3"] and holders(fleet, "local1") == ["host3"]
         assert not kept.exists()
+        assert data_sum() == written
+
+        # A worker killed while a suspend keeps the disk beside the save, then one killed while
+        # a resume loads it onto its target: recover finishes or undoes each (the sweep takes
+        # back a half-loaded copy), and the VM resumes on host3 with what it wrote.
+        task = c.task_of(c.cli("vm", "suspend", "local1", "--no-wait"))
+        soon(lambda: (kept / "disk.qcow2.partial").exists(), "the disk was never being kept")
+        c.kill_worker_of(task)
+        lab.up(3)
+        settled(c, fleet)
+        assert suspend.find_suspended(fleet, "local1") and (kept / "disk.json").is_file()
+        faults.wait(lambda: holders(fleet, "local1") == [], 60, "the host kept its copy")
+        task = c.task_of(c.cli("vm", "resume", "local1", "--host", "host3", "--no-wait"))
+        soon(lambda: (kept / "claim.json").exists()
+             and local_disks.find(fleet.host("host3").conn, "local1") is not None,
+             "the disk was never being loaded")
+        c.kill_worker_of(task)
+        lab.up(3)
+        settled(c, fleet)
+        if suspend.find_suspended(fleet, "local1"):  # undone before its restore (or rerun)
+            faults.wait(lambda: holders(fleet, "local1") == [], 60,
+                        "the half-loaded copy stayed on host3")
+            cli("vm", "resume", "local1", "--host", "host3", check_code=0)
+        assert where(fleet, "local1") == ["host3"] and holders(fleet, "local1") == ["host3"]
+        faults.wait(lambda: fleet.locate("local1").state() == "running", 60, "not running")
         assert data_sum() == written
 
         # A worker killed while the disk is copied: one host runs it, the disk only there.

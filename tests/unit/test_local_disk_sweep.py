@@ -42,10 +42,15 @@ class Host:
             raise HostUnreachable(f"host {self.name} does not answer")
         return self.guest if vm == "vm1" else None
 
+    def guests(self):
+        return [g for g in [self.find_guest("vm1")] if g]
+
 
 class FakeFleet:
-    find_all, lock_vm = Fleet.find_all, Fleet.lock_vm
-    tidy_local_disks, _tidy_suspended_disks = Fleet.tidy_local_disks, Fleet._tidy_suspended_disks
+    find_all, lock_vm, tidy_local_disks = Fleet.find_all, Fleet.lock_vm, Fleet.tidy_local_disks
+    _tidy_suspended_disks, _remove_local_disks = (Fleet._tidy_suspended_disks,
+                                                  Fleet._remove_local_disks)
+    disk_kept_with_save = Fleet.disk_kept_with_save
 
     def __init__(self, tmp_path, redis_url, *hosts):
         self.paths = SimpleNamespace(saves=tmp_path / "saves")
@@ -123,14 +128,50 @@ def test_nothing_is_removed_while_an_operation_holds_the_vm(tmp_path, redis_url)
     assert target.disks == {"vm1"}
 
 
-def test_a_suspend_cut_short_keeps_the_disk_recover_needs(tmp_path, redis_url):
-    left = Host("h1", disk=True)  # saved, its disk not yet kept beside the save
-    fleet = FakeFleet(tmp_path, redis_url, left, Host("h2"))
+@pytest.mark.parametrize("left", [("intent.json",), ("intent.json", "record.json"),
+                                  ("intent.json", "record.json", "disk.json")])
+def test_a_suspend_cut_short_keeps_the_disk_recover_needs(tmp_path, redis_url, left):
+    # saved, and its disk maybe kept beside the save, but recover has yet to finish it
+    host_copy = Host("h1", disk=True)
+    fleet = FakeFleet(tmp_path, redis_url, host_copy, Host("h2"))
     d = fleet.paths.saves / "vm1"
     d.mkdir(parents=True)
-    (d / "intent.json").write_text("{}")
+    for name in left:
+        (d / name).write_text("{}")
     assert reconcile.sweep_local_disks(fleet, Report()) == []
-    assert left.disks == {"vm1"}
+    assert host_copy.disks == {"vm1"}
+
+
+def test_a_disk_being_loaded_by_a_resume_that_claimed_the_save_stays(tmp_path, redis_url):
+    loading = Host("h2", disk=True)  # the claim took the record's place
+    fleet = FakeFleet(tmp_path, redis_url, Host("h1"), loading)
+    d = fleet.paths.saves / "vm1"
+    d.mkdir(parents=True)
+    (d / "claim.json").write_text("{}")
+    (d / "disk.json").write_text("{}")
+    assert reconcile.sweep_local_disks(fleet, Report()) == [] and loading.disks == {"vm1"}
+
+
+def test_a_suspended_vm_without_its_disk_kept_keeps_its_host_copy(tmp_path, redis_url):
+    only = Host("h2", disk=True)  # a save without disk.json: this copy is all there is
+    fleet = FakeFleet(tmp_path, redis_url, Host("h1"), only)
+    d = fleet.paths.saves / "vm1"
+    d.mkdir(parents=True)
+    (d / "record.json").write_text("{}")
+    assert reconcile.sweep_local_disks(fleet, Report()) == [] and only.disks == {"vm1"}
+
+
+def test_a_disk_is_never_removed_when_the_host_defining_the_vm_has_none(tmp_path, redis_url):
+    other = Host("h3", disk=True)  # it may be the only copy there is
+    fleet = FakeFleet(tmp_path, redis_url, Host("h1", defines=True), other)
+    assert reconcile.sweep_local_disks(fleet, Report()) == [] and other.disks == {"vm1"}
+
+
+def test_a_vm_defined_on_a_host_that_does_not_answer_keeps_every_disk(tmp_path, redis_url):
+    # h1 defines it and answers; h2, silent, may define it too (a migration's other end)
+    one, stray = Host("h1", defines=True, disk=True), Host("h3", disk=True)
+    fleet = FakeFleet(tmp_path, redis_url, one, Host("h2", defines=True, answers=False), stray)
+    assert reconcile.sweep_local_disks(fleet, Report()) == [] and stray.disks == {"vm1"}
 
 
 def test_a_copy_a_resume_cut_short_loaded_goes_once_the_save_keeps_the_disk(tmp_path, redis_url):
@@ -167,10 +208,37 @@ def test_a_vm_defined_on_two_hosts_keeps_both_disks(tmp_path, redis_url):
     assert one.disks == two.disks == spare.disks == {"vm1"}
 
 
-def test_a_host_that_does_not_answer_keeps_its_disk_and_the_pass_goes_on(tmp_path, redis_url):
+def test_a_host_that_does_not_answer_holds_the_sweep_until_it_does(tmp_path, redis_url):
     away, stray = Host("h2", disk=True, answers=False), Host("h3", disk=True)
     fleet = FakeFleet(tmp_path, redis_url, Host("h1", defines=True, disk=True), away, stray)
-    assert reconcile.sweep_local_disks(fleet, Report()) == ["vm1@h3"]
-    assert away.disks == {"vm1"}  # removed by a later pass, once it answers
+    assert reconcile.sweep_local_disks(fleet, Report()) == []  # h2 may define it
+    assert stray.disks == {"vm1"}
     away.answers = True
-    assert reconcile.sweep_local_disks(fleet, Report()) == ["vm1@h2"]
+    assert sorted(reconcile.sweep_local_disks(fleet, Report())) == ["vm1@h2", "vm1@h3"]
+    assert away.disks == stray.disks == set()
+
+
+def test_a_reclaimed_host_that_does_not_answer_holds_nothing(tmp_path, redis_url):
+    gone, stray = Host("h2", answers=False), Host("h3", disk=True)
+    gone.record.state = "reclaimed"
+    fleet = FakeFleet(tmp_path, redis_url, Host("h1", defines=True, disk=True), gone, stray)
+    assert reconcile.sweep_local_disks(fleet, Report()) == ["vm1@h3"]
+
+
+def test_a_lock_lost_mid_sweep_stops_it_before_the_next_removal(tmp_path, redis_url, mocker):
+    from vmmgr.locks import Lease, LockLost
+    a, b = Host("h2", disk=True), Host("h3", disk=True)
+    fleet = FakeFleet(tmp_path, redis_url, Host("h1", defines=True, disk=True), a, b)
+    mocker.patch.object(Lease, "check", side_effect=LockLost("lost"))
+    assert reconcile.sweep_local_disks(fleet, Report()) == []
+    assert a.disks == b.disks == {"vm1"}
+
+
+def test_an_unexpected_error_is_said_and_the_pass_goes_on(tmp_path, redis_url, mocker):
+    fleet = FakeFleet(tmp_path, redis_url, Host("h1", defines=True, disk=True),
+                      Host("h3", disk=True))
+    mocker.patch.object(FakeFleet, "tidy_local_disks", side_effect=OSError(116, "Stale handle"))
+    report = Report()
+    assert reconcile.sweep_local_disks(fleet, report) == []
+    assert report.events == ["vm1: stray local disks not swept: [Errno 116] Stale handle"]
+

@@ -96,3 +96,18 @@ def test_a_migration_copies_the_local_disk_and_names_the_target_for_its_tls(mock
     flags, params = move._flags_and_params(mocker.MagicMock())
     assert not flags & libvirt.VIR_MIGRATE_NON_SHARED_INC
     assert libvirt.VIR_MIGRATE_PARAM_MIGRATE_DISKS not in params
+
+
+def test_the_pool_lists_each_vm_with_a_disk(mocker):
+    import libvirt
+    conn = mocker.Mock()
+    pool = conn.storagePoolLookupByName.return_value
+    pool.listVolumes.return_value = ["vm1.qcow2", "web-2.qcow2", ".qcow2", "notes.txt"]
+    assert local_disks.held(conn) == {"vm1", "web-2"}
+    pool.isActive.return_value = 0
+    assert local_disks.held(conn) == set()
+    err = libvirt.libvirtError("no pool")
+    mocker.patch.object(err, "get_error_code", return_value=libvirt.VIR_ERR_NO_STORAGE_POOL)
+    conn.storagePoolLookupByName.side_effect = err
+    assert local_disks.held(conn) == set()  # never used local disks: no pool is made for it
+    conn.storagePoolDefineXML.assert_not_called()
