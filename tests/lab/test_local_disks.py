@@ -132,6 +132,7 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         task = c.task_of(c.cli("vm", "suspend", "local1", "--no-wait"))
         soon(lambda: (kept / "disk.qcow2.partial").exists(), "the disk was never being kept")
         c.kill_worker_of(task)
+        print("suspend killed; kept then:", sorted(p.name for p in kept.iterdir()))
         lab.up(3)
         settled(c, fleet)
         assert suspend.find_suspended(fleet, "local1") and (kept / "disk.json").is_file()
@@ -141,8 +142,11 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
              and local_disks.find(fleet.host("host3").conn, "local1") is not None,
              "the disk was never being loaded")
         c.kill_worker_of(task)
+        print("resume killed; kept then:", sorted(p.name for p in kept.iterdir()))
         lab.up(3)
         settled(c, fleet)
+        print("resume settled:", where(fleet, "local1"), holders(fleet, "local1"),
+              bool(suspend.find_suspended(fleet, "local1")))
         if suspend.find_suspended(fleet, "local1"):  # undone before its restore (or rerun)
             faults.wait(lambda: holders(fleet, "local1") == [], 60,
                         "the half-loaded copy stayed on host3")
