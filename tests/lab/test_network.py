@@ -42,13 +42,28 @@ def wait_console(paths, vm, text, timeout=120):
         time.sleep(0.3)
 
 
-def move_around(vm):
-    """Three live migrations through the task API, a few seconds apart."""
+def move_around(vm, ring=RING):
+    """Live migrations round `ring` through the task API, a few seconds apart."""
     hops = []
-    for target in RING:
+    for target in ring:
         time.sleep(3)
         proc = cli("migrate", vm, "--to", target, "--json", check_code=0)
         hops.append(json.loads(proc.stdout))
+    return hops
+
+
+def download_while_moved(paths, vm, mib, ring=RING) -> list[dict]:
+    """A client outside downloads the VM server's `mib` MiB through the edge while the VM is
+    moved round `ring`: one connection to the last byte, every byte right. Returns the moves."""
+    client = in_client("net_client.py", pool_for(paths).address_of(vm), 8080)
+    hops = move_around(vm, ring)
+    out, err = client.communicate(timeout=180)
+    result = json.loads(out)
+    print(f"\nstall seen outside: {result['longest_stall_s']} s; blackouts "
+          f"{[h['downtime_ms'] for h in hops]} ms")
+    assert result["error"] is None, err  # never reset: one connection from start to end
+    assert result["bytes"] == mib * 1024 * 1024
+    assert result["sha256"] == expected_sha(paths, mib)
     return hops
 
 
@@ -56,15 +71,7 @@ def test_a_download_from_the_vm_survives_three_moves(make_vm, fleet, paths):
     make_vm("srv1", host="host1", workload="server", mib=200, rate=8)
     wait_console(paths, "srv1", "serving on port 8080")
     address = pool_for(paths).address_of("srv1")
-    client = in_client("net_client.py", address, 8080)
-    hops = move_around("srv1")
-    out, err = client.communicate(timeout=180)
-    result = json.loads(out)
-    print(f"\nstall seen outside: {result['longest_stall_s']} s; blackouts "
-          f"{[h['downtime_ms'] for h in hops]} ms")
-    assert result["error"] is None, err  # never reset: one connection from start to end
-    assert result["bytes"] == 200 * 1024 * 1024
-    assert result["sha256"] == expected_sha(paths, 200)
+    hops = download_while_moved(paths, "srv1", 200)
     assert where_defined(fleet, "srv1") == ["host1"]
     # Each address move was made as the source paused for the switch-over, from libvirt's
     # event: what the edge sent the VM from then on waited on the target, not lost at the source.

@@ -7,9 +7,7 @@ training demo's test in test_images.py."""
 import json
 import subprocess
 import sys
-import time
 
-from vmmgr.addresses import pool_for
 from vmmgr.state import FleetState
 
 from .conftest import assert_contiguous, cli, ticks, wait_ticks, where_defined
@@ -80,26 +78,14 @@ def test_moves_stay_in_their_site_and_cross_the_wan_only_when_it_is_full(lab, ma
 def test_a_download_through_the_edge_survives_moves_across_the_wan(lab, make_vm, fleet, paths):
     """The edge reaches every site over WireGuard: a VM serving a download through it moves to
     the other site and back, and the one connection outside goes on to the last byte."""
-    from .test_network import expected_sha, in_client, wait_console
+    from .test_network import download_while_moved, wait_console
 
     try:
         lab.up(3, sites=2)
         make_vm("far1", host="host1", workload="server", mib=160, rate=8)
         wait_console(paths, "far1", "serving on port 8080")
-        address = pool_for(paths).address_of("far1")
-        client = in_client("net_client.py", address, 8080)
-        hops = []
-        for target in ("host3", "host2", "host3"):  # across the WAN, back, across again
-            time.sleep(3)
-            hops.append(json.loads(cli("migrate", "far1", "--to", target, "--json",
-                                       check_code=0).stdout))
-        out, err = client.communicate(timeout=180)
-        result = json.loads(out)
-        print(f"\nstall seen outside: {result['longest_stall_s']} s; blackouts "
-              f"{[h['downtime_ms'] for h in hops]} ms")
-        assert result["error"] is None, err  # never reset: one connection from start to end
-        assert result["bytes"] == 160 * 1024 * 1024
-        assert result["sha256"] == expected_sha(paths, 160)
+        # across the WAN, back, across again
+        hops = download_while_moved(paths, "far1", 160, ring=("host3", "host2", "host3"))
         assert where_defined(fleet, "far1") == ["host3"]
         assert [h["target"] for h in hops] == ["host3", "host2", "host3"]
     finally:
