@@ -344,7 +344,7 @@ def _drop_loaded_disk(d: Path, target) -> None:
         try:
             local_disks.remove(target.conn, d.name)  # refused where the VM is defined
         except VmmgrError:
-            pass  # a stale copy (or one in use): the next load on that host replaces it
+            pass  # one in use, or a host away: the reconcile's sweep takes it back later
 
 
 def _claim(d: Path, vm: str) -> None:

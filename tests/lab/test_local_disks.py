@@ -6,7 +6,8 @@ a host that cannot see the base image (refused, nothing left there), suspend and
 another host, a worker killed while a suspend keeps the disk and while a resume loads it, a
 worker killed mid-copy, the target's libvirtd killed and the link
 to the target cut mid-copy (the overlay left there removed by the reconcile's sweep once it
-answers), the source's libvirtd killed mid-copy and restarted, a stopped VM moved by a reclaim;
+answers), the source's libvirtd killed mid-copy and restarted, a stopped VM moved by a reclaim
+whose worker is killed while the disk is copied;
 after each, what it wrote is whole and its disk is on the one host that holds it, and nowhere
 else."""
 
@@ -229,14 +230,31 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
                     == ("running", running[0]), 60, "the record never agreed")
         assert data_sum() == written
 
-        # Stopped, its host reclaimed: the definition and the disk move; it boots there.
+        # Stopped, its host reclaimed: the definition and the disk move; it boots there. The
+        # reclaim's worker is SIGKILLed while the disk is copied host to host: its rerun (or
+        # the sweep) leaves one definition, and the disk only where it is.
         boot = _boot_id(key, address)
         cli("vm", "stop", "local1", check_code=0)
         source = running[0]
-        report = json.loads(cli("host", "reclaim", source, "--json", check_code=0).stdout)
-        assert report["migrated"] == ["local1"] and not report["failed"], report
+        task = c.task_of(c.cli("host", "reclaim", source, "--no-wait"))
+        soon(lambda: len(holders(fleet, "local1")) == 2, "the disk was never being copied")
+        c.kill_worker_of(task)
+        print("reclaim killed; disks on", holders(fleet, "local1"), "defined on",
+              where(fleet, "local1"))
+        lab.up(3)
+        faults.wait(lambda: c.task_state(task) in ("SUCCESS", "FAILURE")
+                    and not c.state.holder("vm", "local1"), 300, "the reclaim never ended")
+        faults.wait(lambda: len(where(fleet, "local1")) == 1
+                    and holders(fleet, "local1") == where(fleet, "local1"), 120,
+                    "a disk stayed on a host that does not define the VM")
+        print("reclaim settled:", c.task_state(task), where(fleet, "local1"))
+        if where(fleet, "local1") == [source]:  # the rerun did not move it: reclaim again
+            cli("host", "enable", source, check_code=0)
+            report = json.loads(cli("host", "reclaim", source, "--json", check_code=0).stdout)
+            assert report["migrated"] == ["local1"] and not report["failed"], report
         [target] = where(fleet, "local1")
         assert target != source and holders(fleet, "local1") == [target]
+        assert fleet.locate("local1").state() == "shutoff"  # moved, never booted
         cli("host", "enable", source, check_code=0)
         cli("vm", "start", "local1", check_code=0)
         assert _boot_id(key, address) != boot
