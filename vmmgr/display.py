@@ -19,6 +19,10 @@ def progress_line(p: JobProgress, width: int = 24) -> str:
         return f"[{'.' * width}] preparing the destination  {p.elapsed_ms / 1000:.1f}s"
     filled = round(p.fraction * width)
     bar = "#" * filled + "." * (width - filled)
+    if p.phase == "base":  # a site that lacks the base image receives it before the disk
+        return (f"[{bar}] {p.fraction:4.0%}  base image {p.disk_processed_bytes / MiB:.0f}/"
+                f"{p.disk_total_bytes / MiB:.0f} MiB  (disk and memory next)  "
+                f"{p.elapsed_ms / 1000:.1f}s")
     if p.phase == "disk":  # the local disks go first; the memory after them
         return (f"[{bar}] {p.fraction:4.0%}  disk {p.disk_processed_bytes / MiB:.0f}/"
                 f"{p.disk_total_bytes / MiB:.0f} MiB  (memory next)  {p.elapsed_ms / 1000:.1f}s")

@@ -195,7 +195,7 @@ def remove(conn: libvirt.virConnect, vm: str) -> bool:
     return True
 
 
-def _chunks(conn: libvirt.virConnect, vol: libvirt.virStorageVol) -> Iterator[bytes]:
+def chunks_of(conn: libvirt.virConnect, vol: libvirt.virStorageVol) -> Iterator[bytes]:
     """The volume's bytes, from the start (length 0: to its end)."""
     with translated("reading a local disk"):
         stream = conn.newStream(0)
@@ -220,10 +220,21 @@ def _receive(conn: libvirt.virConnect, vm: str, size: int, chunks: Iterator[byte
     remove(conn, vm)
     with translated(f"{vm}'s local disk"):
         vol = ensure_pool(conn).createXML(copy_xml(vm, size), 0)
+    try:
+        return upload(conn, vol, size, chunks, progress, f"{vm}'s disk")
+    except BaseException:
+        remove(conn, vm)
+        raise
+
+
+def upload(conn: libvirt.virConnect, vol: libvirt.virStorageVol, size: int,
+           chunks: Iterator[bytes], progress: Progress | None, what: str) -> str:
+    """Write `chunks` (`size` bytes in all) into `vol` from its start; their SHA-256. Raises if
+    fewer arrived (the caller removes the volume)."""
     digest, done = hashlib.sha256(), 0
     stream = conn.newStream(0)
     try:
-        with translated(f"writing {vm}'s local disk"):
+        with translated(f"writing {what}"):
             vol.upload(stream, 0, size, 0)
             for data in chunks:
                 digest.update(data)
@@ -235,13 +246,10 @@ def _receive(conn: libvirt.virConnect, vm: str, size: int, chunks: Iterator[byte
                     progress(done, size)
             stream.finish()
         if done != size:
-            raise VmmgrError(f"{vm}'s disk: {done} of {size} bytes arrived")
+            raise VmmgrError(f"{what}: {done} of {size} bytes arrived")
     except BaseException:
-        try:
+        with contextlib.suppress(libvirt.libvirtError):
             stream.abort()
-        except libvirt.libvirtError:
-            pass
-        remove(conn, vm)
         raise
     return digest.hexdigest()
 
@@ -254,8 +262,8 @@ def copy(source: libvirt.virConnect, target: libvirt.virConnect, vm: str,
     vol = find(source, vm)
     if vol is None:
         raise VmmgrError(f"{vm} has no local disk to copy")
-    size = _size(vol)
-    with contextlib.closing(_chunks(source, vol)) as chunks:  # a failed write ends the read
+    size = size_of(vol)
+    with contextlib.closing(chunks_of(source, vol)) as chunks:  # a failed write ends the read
         sent = _receive(target, vm, size, chunks, progress)
     held = checksum(target, vm)
     if held != sent:
@@ -270,11 +278,11 @@ def save_to(conn: libvirt.virConnect, vm: str, file: Path,
     vol = find(conn, vm)
     if vol is None:
         raise VmmgrError(f"{vm} has no local disk on this host")
-    size, digest, done = _size(vol), hashlib.sha256(), 0
+    size, digest, done = size_of(vol), hashlib.sha256(), 0
     partial = file.with_name(file.name + ".partial")
     try:
         with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
-                       "wb") as out, contextlib.closing(_chunks(conn, vol)) as chunks:
+                       "wb") as out, contextlib.closing(chunks_of(conn, vol)) as chunks:
             for data in chunks:
                 out.write(data)
                 digest.update(data)
@@ -314,7 +322,7 @@ def checksum(conn: libvirt.virConnect, vm: str) -> str:
     if vol is None:
         raise VmmgrError(f"{vm} has no local disk on this host")
     digest = hashlib.sha256()
-    for data in _chunks(conn, vol):
+    for data in chunks_of(conn, vol):
         digest.update(data)
     return digest.hexdigest()
 
@@ -324,10 +332,10 @@ def data_mib(guest) -> float:
     if not local_disks(guest.xml()):
         return 0.0
     vol = find(guest.connection(), guest.name)
-    return _size(vol) / 2**20 if vol is not None else 0.0
+    return size_of(vol) / 2**20 if vol is not None else 0.0
 
 
-def _size(vol: libvirt.virStorageVol) -> int:
+def size_of(vol: libvirt.virStorageVol) -> int:
     """The volume's file size in bytes (its physical size; a qcow2's capacity is virtual)."""
     with translated("a local disk"):
         return int(ET.fromstring(vol.XMLDesc(0)).findtext("physical"))

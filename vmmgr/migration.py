@@ -8,6 +8,7 @@ each poll's `JobProgress` to the caller. The destination's serial console goes t
 segment (see `console`).
 """
 
+import contextlib
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -18,7 +19,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import libvirt
 import redis
 
-from . import console, local_disks, policy as pol
+from . import console, local_disks, policy as pol, site_images
 from .errors import Conflict, JobAborted, MigrationFailed, NotFound, PostcopyPaused, VmmgrError
 from .fleet import Fleet, require_active, require_other_host
 from .guest import Guest
@@ -62,7 +63,7 @@ class JobProgress:
     iteration: int  # pre-copy pass over memory, from 1
     downtime_limit_ms: int | None = None
     throttle_pct: int = 0  # auto-converge's vCPU throttle
-    phase: str = "precopy"  # or "disk" (local disks copied first), "postcopy"
+    phase: str = "precopy"  # or "base" (a base image sent first), "disk" (local disks), "postcopy"
     warning: str | None = None  # e.g. the guest outpaces the link
     event: str | None = None  # what the engine did at this poll
     disk_processed_bytes: int = 0  # local disks copied so far (libvirt's mirror)
@@ -90,7 +91,7 @@ class JobProgress:
     def fraction(self) -> float:
         """How much of the first pass is done; later passes only resend dirtied pages. In
         the disk phase: how much of the disks."""
-        if self.phase == "disk":
+        if self.phase in ("base", "disk"):
             return min(1.0, self.disk_processed_bytes / max(1, self.disk_total_bytes))
         if not self.total_bytes:
             return 0.0
@@ -279,6 +280,9 @@ def cancel(fleet: Fleet, vm: str) -> str:
     if source.postcopy_phase():
         raise Conflict(f"{vm} is in post-copy: it already runs on the destination")
     if not source.has_job():
+        if (fleet.state.holder("vm", vm) or "").split(" ", 1)[-1].startswith("migration of "):
+            fleet.state.ask_cancel(vm)  # before its job: sending the base image, which asks
+            return source.host_name
         raise Conflict(f"VM {vm!r} has no migration in progress")
     source.abort_job()
     return source.host_name
@@ -341,6 +345,7 @@ class _Migration:
 
     def run(self) -> MigrationResult:
         guest = self.guest
+        self._drop_cancel()  # one asked too late for an earlier move is not this one's
         segment = console.next_segment(self.fleet.paths.consoles, guest.name, self.target)
         persistent = guest.xml(inactive=True, migratable=True)
         self.disks = local_disks.local_disks(persistent)
@@ -358,8 +363,9 @@ class _Migration:
         if self.disks:
             self._lay_target_disk()
         watches = self._follow_switchover(address) if address else []
-        try:
-            error = self._migrate(params, flags, watch)
+        try:  # a cancel asked before the job had begun ends the move as one of the job would
+            error = (JobAborted("cancelled before its job began") if self._cancel_asked()
+                     else self._migrate(params, flags, watch))
         finally:
             for host, token in watches:
                 host.unwatch(token)
@@ -399,17 +405,89 @@ class _Migration:
 
     def _lay_target_disk(self) -> None:
         """The target's overlay, empty, on the same base at the same path: libvirt mirrors the
-        source's into it (`NON_SHARED_INC`) before the memory moves."""
+        source's into it (`NON_SHARED_INC`) before the memory moves. A target whose site's
+        storage lacks the base receives it first, once."""
         source = self.fleet.host(self.source)
         capacity, base = local_disks.overlay_of(source.conn, self.guest.name)
+        try:
+            self._lay(capacity, base)
+        except MigrationFailed:
+            self._send_base(source, base)
+            self._cancelled_yet("once its base image was sent")
+            self._lay(capacity, base)
+        self._event(f"local disk laid on {self.target} (over {base})")
+
+    def _lay(self, capacity: int, base: str) -> None:
         try:
             local_disks.create_overlay(self.dest.conn, self.guest.name, capacity, base)
         except VmmgrError as err:  # e.g. a site that lacks the base image
             raise MigrationFailed(
-                f"migration of {self.guest.name} from {self.source} to {self.target} not "
-                f"started: {self.target} cannot lay the local disk over its base image {base} "
-                f"({_words(err)}); the VM is still running on {self.source}") from err
-        self._event(f"local disk laid on {self.target} (over {base})")
+                f"{self._not_started()}: {self.target} cannot lay the local disk over its base "
+                f"image {base} ({_words(err)}); the VM is still running on {self.source}") from err
+
+    def _send_base(self, source, base: str) -> None:
+        """Copy the base image to the target's storage unless it holds it whole (another move
+        may have just sent it). Refused, with nothing left on the target, if it cannot receive
+        it: no room, no write access, a damaged source."""
+        started, last = time.monotonic(), [0.0]
+
+        def progress(done: int, size: int) -> None:
+            self.lease.check()  # a long copy stops when the VM's lock is lost
+            now = time.monotonic()
+            if now - last[0] < 0.5 and done < size:
+                return
+            last[0] = now
+            self._cancelled_yet(f"while {self.target} received its base image")
+            if self.on_progress:
+                self._report(JobProgress(
+                    elapsed_ms=int((now - started) * 1000), processed_bytes=done,
+                    remaining_bytes=size - done, total_bytes=size,
+                    speed_bps=int(done / max(now - started, 1e-3)), dirty_rate_bps=0,
+                    iteration=0, phase="base", disk_processed_bytes=done,
+                    disk_total_bytes=size))
+
+        try:
+            image = site_images.image_name(base)
+            with self.fleet.lock_site_image(image, self.target,
+                                            f"copy of image {image} to {self.target}"):
+                if site_images.held(self.dest.conn, base):
+                    return
+                self._event(f"{self.target}'s storage lacks the base image {image}: sending it")
+                size, sha = site_images.send(source.conn, self.dest.conn, base, progress)
+        except MigrationCancelled:
+            raise
+        except VmmgrError as err:
+            raise MigrationFailed(
+                f"{self._not_started()}: {self.target} lacks the base image {base} and could "
+                f"not receive it ({_words(err)}); the VM is still running on {self.source}"
+            ) from err
+        self._event(f"base image {image} sent to {self.target}: {size / 2**20:.0f} MiB in "
+                    f"{time.monotonic() - started:.1f} s, sha256 {sha[:12]} as recorded")
+
+    def _cancelled_yet(self, when: str) -> None:
+        """A cancel asked before the move's libvirt job (`cancel`) ends it here, where nothing
+        has moved."""
+        if self._cancel_asked():
+            raise MigrationCancelled(
+                f"migration of {self.guest.name} from {self.source} to {self.target} was "
+                f"cancelled {when}; the VM is still running on {self.source}")
+
+    def _cancel_asked(self) -> bool:
+        """Whether a cancel was asked while there was no job to abort; taken if so."""
+        try:
+            asked = self.fleet.state.cancel_asked(self.guest.name)
+        except redis.RedisError:
+            return False  # nor can one be asked then
+        if asked:
+            self._drop_cancel()
+        return asked
+
+    def _drop_cancel(self) -> None:
+        with contextlib.suppress(redis.RedisError):  # it lapses by itself
+            self.fleet.state.drop_cancel(self.guest.name)
+
+    def _not_started(self) -> str:
+        return f"migration of {self.guest.name} from {self.source} to {self.target} not started"
 
     def tidy_disks(self) -> None:
         """A local disk stays only where the VM is now defined: the target's after a move,

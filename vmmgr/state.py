@@ -335,6 +335,17 @@ class FleetState:
     def set_link_mibps(self, source: str, target: str, mibps: float) -> None:
         self.r.hset(P + "links", f"{source}>{target}", f"{mibps:.1f}")
 
+    # ---- a cancel asked of a move before its libvirt job (a base image being sent) ----------
+
+    def ask_cancel(self, vm: str, ttl: int = 60) -> None:
+        self.r.set(P + f"cancel:{vm}", "1", ex=ttl)
+
+    def cancel_asked(self, vm: str) -> bool:
+        return bool(self.r.exists(P + f"cancel:{vm}"))
+
+    def drop_cancel(self, vm: str) -> None:
+        self.r.delete(P + f"cancel:{vm}")
+
     # ---- what moves teach the deadline planner (`deadline_run.measured_rates`) ---------------
 
     def learn_move(self, sent_fraction: float, overhead_s: float) -> None:

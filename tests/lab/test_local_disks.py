@@ -2,12 +2,13 @@
 kept on the host that runs it, and moved with it, never through shared storage. One Debian VM,
 each host a site of its own, goes through every path that moves it: a live migration that
 copies its disk first (progress in a disk phase), a migration cancelled in that phase, one to
-a host that cannot see the base image (refused, nothing left there), suspend and resume on
-another host, a worker killed while a suspend keeps the disk and while a resume loads it, a
-worker killed mid-copy, the target's libvirtd killed and the link
-to the target cut mid-copy (the overlay left there removed by the reconcile's sweep once it
-answers), the source's libvirtd killed mid-copy and restarted, a stopped VM moved by a reclaim
-whose worker is killed while the disk is copied;
+a host whose site lacks the base image and has no room for it (refused, nothing left there),
+one cancelled while the image is sent, one to a host with room (the image sent first,
+checksummed; the VM runs on the copy), suspend and resume on another host, a worker killed
+while a suspend keeps the disk and while a resume loads it, a worker killed mid-copy, the
+target's libvirtd killed and the link to the target cut mid-copy (the overlay left there
+removed by the reconcile's sweep once it answers), the source's libvirtd killed mid-copy and
+restarted, a stopped VM moved by a reclaim whose worker is killed while the disk is copied;
 after each, what it wrote is whole and its disk is on the one host that holds it, and nowhere
 else."""
 
@@ -60,6 +61,7 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         assert message in refused.stderr, refused.stderr
     assert fleet.find("bad-local") is None and holders(fleet, "bad-local") == []
 
+    hidden = None  # the pid of host3's libvirtd, whose view of the images is a tmpfs
     try:
         lab.up(3, sites=3)  # each host a site of its own: every move below crosses a WAN
         cli("vm", "create", "local1", "--image", "debian-12", "--memory", "512", "--host",
@@ -103,19 +105,65 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         assert fleet.locate("local1").state() == "running"
         assert data_sum() == written
 
-        # A target whose site lacks the base image (hidden from host3's libvirtd, in its own
-        # mount namespace): a clear error before anything moves; the VM runs on, none left.
+        # A target whose site lacks the base image (a tmpfs over the images folder in host3
+        # libvirtd's own mount namespace: its storage as another site's would be). With no room
+        # for it: a clear error before anything moves; the VM runs on, nothing left there.
         hide = ["nsenter", "-t", str(c.libvirtd_pid("host3")), "-m"]
-        subprocess.run([*hide, "mount", "-t", "tmpfs", "tmpfs", str(paths.images)], check=True)
+        subprocess.run([*hide, "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
+                        str(paths.images)], check=True)
         try:
             refused = cli("migrate", "local1", "--to", "host3")
+            left = subprocess.run([*hide, "find", str(paths.images), "-type", "f"],
+                                  capture_output=True, text=True, check=True).stdout
         finally:
             subprocess.run([*hide, "umount", str(paths.images)], check=True)
         assert refused.returncode != 0
-        assert ("host3 cannot lay the local disk over its base image" in refused.stderr
+        assert ("host3 lacks the base image" in refused.stderr and "could not receive it"
+                in refused.stderr and "No space left on device" in refused.stderr
                 and "the VM is still running on host2" in refused.stderr), refused.stderr
+        assert left == "", left
         assert where(fleet, "local1") == ["host2"] and holders(fleet, "local1") == ["host2"]
         assert fleet.locate("local1").state() == "running"
+
+        # With room: the move sends the image first (checksummed, progress in a phase of its
+        # own), then the disk and the memory. The VM runs there on the copy; the tmpfs stays
+        # until the end (host3 serves the steps below from it, or, its libvirtd restarted in
+        # a fresh namespace, from storage holding the same image).
+        hidden = c.libvirtd_pid("host3")
+        subprocess.run([*hide, "mount", "-t", "tmpfs", "-o", "size=1200m", "tmpfs",
+                        str(paths.images)], check=True)
+
+        def on_host3() -> str:
+            return subprocess.run([*hide, "find", str(paths.images), "-type", "f"],
+                                  capture_output=True, text=True, check=True).stdout
+
+        # Cancelled while the image is being sent (before the move has a libvirt job): it
+        # ends there; nothing of the image is left, the VM runs on.
+        task = c.task_of(c.cli("migrate", "local1", "--to", "host3", "--no-wait"))
+        soon(lambda: on_host3() != "", "the base image was never being sent")
+        time.sleep(1)
+        cli("migrate", "cancel", "local1", check_code=0)
+        faults.wait(lambda: c.task_state(task) == "FAILURE", 60, "the move went on")
+        said = json.loads(c.state.task(task)["outcome"])
+        assert "cancelled while host3 received its base image" in said["message"], said
+        assert on_host3() == "" and holders(fleet, "local1") == ["host2"]
+        assert where(fleet, "local1") == ["host2"]
+
+        moved = cli("migrate", "local1", "--to", "host3", check_code=0)
+        assert "(disk and memory next)" in moved.stdout + moved.stderr
+        events = c.state.migrations("local1")[-1]["events"]
+        assert any("host3's storage lacks the base image debian-12" in e for e in events), events
+        assert any("base image debian-12 sent to host3" in e and debian.sha256[:12] in e
+                   for e in events), events
+        print("sent:", [e for e in events if "sent to" in e])
+        copied = subprocess.run([*hide, "sha256sum", str(os_images.disk_path(paths.images,
+                                                                             "debian-12"))],
+                                capture_output=True, text=True, check=True).stdout
+        assert copied.split()[0] == debian.sha256
+        assert where(fleet, "local1") == ["host3"] and holders(fleet, "local1") == ["host3"]
+        assert data_sum() == written
+        cli("migrate", "local1", "--to", "host2", check_code=0)  # the copy stays on host3's site
+        assert where(fleet, "local1") == ["host2"] and holders(fleet, "local1") == ["host2"]
 
         # Suspended with its disk (beside its save, checksummed), resumed on another host.
         cli("vm", "suspend", "local1", check_code=0)
@@ -260,6 +308,9 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         assert _boot_id(key, address) != boot
         assert data_sum() == written
     finally:
+        if hidden:  # lazily: a QEMU there may still have the image open
+            subprocess.run(["nsenter", "-t", str(hidden), "-m", "umount", "-l",
+                            str(paths.images)])
         for h in HOSTS:
             cli("host", "enable", h)
         cli("vm", "destroy", "local1")

@@ -277,6 +277,7 @@ def test_any_exception_in_libvirts_migration_call_is_a_failure_not_a_success(tmp
     guest.state.return_value = "running"
     guest.job_stats.return_value = {"type": 0}
     fleet = mocker.Mock()
+    fleet.state.cancel_asked.return_value = False
     fleet.paths.consoles = tmp_path
     fleet.host.return_value.record.tls = True
     fleet.host.return_value.uri = "qemu+tls://10.0.0.2/system"
@@ -428,6 +429,7 @@ def _switching_migration(tmp_path, mocker, domain_xml):
     fleet = mocker.Mock()
     fleet.paths.consoles = tmp_path
     fleet.host.side_effect = host
+    fleet.state.cancel_asked.return_value = False
     migration = _Migration(fleet, guest, "h2", get_policy(None), None, 0.01,
                            mocker.Mock(lost=False))
     return migration, guest, fleet, callbacks

@@ -22,10 +22,11 @@
       $("progress-bar").style.width = (total ? Math.round(100 * p.processed_bytes / total) : 0) + "%";
       $("p-processed").textContent = mib(p.processed_bytes) + (total ? " of " + mib(total) : "");
       $("p-remaining").textContent = mib(p.remaining_bytes);
-      // a VM with a local disk: the disk is copied first, then the memory
-      $("p-phase").textContent = {disk: "copying the local disk", postcopy: "post-copy"}[p.phase] || "memory (pre-copy)";
+      // a VM with a local disk: the disk is copied first, then the memory (and before both,
+      // the base image to a site that lacks it)
+      $("p-phase").textContent = {base: "sending the base image", disk: "copying the local disk", postcopy: "post-copy"}[p.phase] || "memory (pre-copy)";
       $("p-disk").textContent = p.disk_total_bytes ? mib(p.disk_processed_bytes) + " of " + mib(p.disk_total_bytes) : "-";
-      if (p.phase === "disk") {
+      if (p.phase === "disk" || p.phase === "base") {
         $("progress-bar").style.width = Math.round(100 * p.disk_processed_bytes / p.disk_total_bytes) + "%";
       }
       $("p-speed").textContent = rate(p.speed_bps);

@@ -1,0 +1,276 @@
+"""A base image sent to a site that lacks it: what a copy leaves on the target's storage when it
+works, when the target cannot take it, when it arrives damaged, and when an earlier copy was cut
+short; and the move that needs it (sends it, then lays the disk; or refuses clearly). The hosts'
+storage is a fake libvirt (folders of files behind pools, volumes and streams); the lab test
+sends a real image between real libvirtds."""
+
+import hashlib
+import json
+import xml.etree.ElementTree as ET
+
+import libvirt
+import pytest
+
+from vmmgr import policy as pol, site_images
+from vmmgr.display import progress_line
+from vmmgr.errors import Conflict, MigrationFailed, VmmgrError
+from vmmgr.migration import JobProgress, MigrationCancelled, _Migration
+
+BASE = "/srv/images/os/debian-12/disk.qcow2"
+FOLDER = "/srv/images/os/debian-12"
+DISK = b"qcow2 image bytes " * 5000
+
+
+def _err(code: int, text: str = "libvirt says no") -> libvirt.libvirtError:
+    err = libvirt.libvirtError(text)
+    err.get_error_code = lambda: code
+    return err
+
+
+class Storage:
+    """One host's file system as its libvirtd sees it: folder -> {file: bytes}."""
+
+    def __init__(self, folders=None, room: int = 1 << 40):
+        self.folders = {k: dict(v) for k, v in (folders or {}).items()}
+        self.room, self.pools = room, {}
+
+    def newStream(self, flags):
+        return Stream(self)
+
+    def storagePoolLookupByName(self, name):
+        if name not in self.pools:
+            raise _err(libvirt.VIR_ERR_NO_STORAGE_POOL)
+        return self.pools[name]
+
+    def storagePoolDefineXML(self, xml, flags):
+        root = ET.fromstring(xml)
+        pool = Pool(self, root.findtext("name"), root.findtext("./target/path"))
+        self.pools[pool.name] = pool
+        return pool
+
+    def used(self) -> int:
+        return sum(len(b) for files in self.folders.values() for b in files.values())
+
+
+class Pool:
+    def __init__(self, host, name, path):
+        self.host, self.name, self.path, self.active = host, name, path, False
+
+    def create(self, flags):
+        if self.path not in self.host.folders:
+            raise _err(libvirt.VIR_ERR_INTERNAL_ERROR, f"cannot open directory '{self.path}'")
+        self.active = True
+
+    def build(self, flags):
+        self.host.folders.setdefault(self.path, {})
+
+    def isActive(self):
+        return self.active
+
+    def destroy(self):
+        self.active = False
+
+    def delete(self, flags):
+        assert not self.active and not self.host.folders[self.path]
+        del self.host.folders[self.path]
+
+    def undefine(self):
+        del self.host.pools[self.name]
+
+    def storageVolLookupByName(self, name):
+        if name not in self.host.folders[self.path]:
+            raise _err(libvirt.VIR_ERR_NO_STORAGE_VOL)
+        return Volume(self, name)
+
+    def createXML(self, xml, flags):
+        name = ET.fromstring(xml).findtext("name")
+        self.host.folders[self.path][name] = b""
+        return Volume(self, name)
+
+
+class Volume:
+    def __init__(self, pool, name):
+        self.pool, self.name = pool, name
+
+    @property
+    def files(self):
+        return self.pool.host.folders[self.pool.path]
+
+    def XMLDesc(self, flags):
+        return f"<volume><physical>{len(self.files[self.name])}</physical></volume>"
+
+    def download(self, stream, offset, length, flags):
+        stream.reading = self.files[self.name]
+
+    def upload(self, stream, offset, length, flags):
+        stream.writing = self
+
+    def delete(self, flags):
+        del self.files[self.name]
+
+
+class Stream:
+    def __init__(self, host):
+        self.host, self.reading, self.writing = host, None, None
+
+    def recv(self, n):
+        data, self.reading = self.reading[:n], self.reading[n:]
+        return data
+
+    def send(self, data):
+        if self.host.used() + len(data) > self.host.room:
+            raise _err(libvirt.VIR_ERR_INTERNAL_ERROR, "No space left on device")
+        self.writing.files[self.writing.name] += data
+        return len(data)
+
+    def finish(self):
+        pass
+
+    def abort(self):
+        pass
+
+
+def _source(sha: str | None = None) -> Storage:
+    meta = json.dumps({"name": "debian-12", "sha256": sha or hashlib.sha256(DISK).hexdigest()})
+    return Storage({FOLDER: {"disk.qcow2": DISK, "image.json": meta.encode()}})
+
+
+def test_a_site_that_lacks_the_image_receives_it_whole_and_checked():
+    source, target = _source(), Storage({"/srv/images": {}})
+    assert not site_images.held(target, BASE)
+    seen = []
+    size, sha = site_images.send(source, target, BASE, lambda done, total: seen.append(done))
+    assert (size, sha) == (len(DISK), hashlib.sha256(DISK).hexdigest())
+    assert target.folders[FOLDER] == source.folders[FOLDER]  # the record beside it, as is
+    assert seen[-1] == len(DISK) and seen == sorted(seen)
+    assert site_images.held(target, BASE)
+    assert not target.pools and not source.pools  # the pools lived for the copy only
+
+
+def test_a_target_without_room_is_left_as_it_was():
+    source, target = _source(), Storage({"/srv/images": {}}, room=len(DISK) // 2)
+    with pytest.raises(VmmgrError, match="No space left"):
+        site_images.send(source, target, BASE)
+    assert target.folders == {"/srv/images": {}}  # not even the folder the copy made
+    assert not target.pools
+
+
+def test_what_does_not_match_the_record_is_not_kept():
+    source, target = _source(sha="0" * 64), Storage()
+    with pytest.raises(VmmgrError, match="arrived damaged"):
+        site_images.send(source, target, BASE)
+    assert FOLDER not in target.folders and not site_images.held(target, BASE)
+
+
+def test_a_copy_cut_short_is_made_again_from_the_start():
+    source = _source()
+    target = Storage({FOLDER: {"disk.qcow2": DISK[:100]}})  # its record never written
+    target.storagePoolDefineXML(site_images.pool_xml("vmmgr-image-debian-12", FOLDER), 0)
+    assert not site_images.held(target, BASE)  # a disk without its record is not whole
+    site_images.send(source, target, BASE)
+    assert target.folders[FOLDER]["disk.qcow2"] == DISK and site_images.held(target, BASE)
+    # an existing folder the copy did not make stays when a later copy fails
+    target.folders[FOLDER] = {}
+    target.room = 10
+    with pytest.raises(VmmgrError):
+        site_images.send(source, target, BASE)
+    assert target.folders[FOLDER] == {}
+
+
+def test_only_an_images_disk_is_sent_and_names_are_escaped():
+    assert site_images.image_name(BASE) == "debian-12"
+    for bad in ("/srv/images/os/debian-12/image.json", "/var/lib/libvirt/vm1.qcow2",
+                "/srv/disks/debian-12/disk.qcow2"):
+        with pytest.raises(VmmgrError, match="not the disk of an OS image"):
+            site_images.image_name(bad)
+    root = ET.fromstring(site_images.pool_xml("p<1>", "/a&b"))
+    assert (root.findtext("name"), root.findtext("./target/path")) == ("p<1>", "/a&b")
+    vol = ET.fromstring(site_images.volume_xml("disk.qcow2", 42))
+    assert vol.findtext("capacity") == "42" and vol.findtext("./target/permissions/mode") == "0644"
+
+
+def test_the_progress_line_names_the_base_phase():
+    p = JobProgress(elapsed_ms=1000, processed_bytes=200 * 2**20, remaining_bytes=600 * 2**20,
+                    total_bytes=800 * 2**20, speed_bps=0, dirty_rate_bps=0, iteration=0,
+                    phase="base", disk_processed_bytes=200 * 2**20, disk_total_bytes=800 * 2**20)
+    assert "base image 200/800 MiB" in progress_line(p) and p.fraction == 0.25
+
+
+def _move(mocker, lay_errors):
+    fleet, guest = mocker.MagicMock(), mocker.Mock(host_name="h1")
+    guest.name = "vm1"
+    move = _Migration(fleet, guest, "h3", pol.get_policy("balanced"), None, 0.1,
+                      mocker.Mock(lost=False))
+    fleet.state.cancel_asked.return_value = False
+    overlay = mocker.patch("vmmgr.local_disks.overlay_of", return_value=(2**30, BASE))
+    lay = mocker.patch("vmmgr.local_disks.create_overlay", side_effect=lay_errors)
+    assert overlay  # patched for the move
+    return move, lay
+
+
+def test_a_move_sends_the_base_then_lays_the_disk(mocker):
+    move, lay = _move(mocker, [VmmgrError("backing store not accessible"), "/p"])
+    mocker.patch("vmmgr.site_images.held", return_value=False)
+    send = mocker.patch("vmmgr.site_images.send", return_value=(800 * 2**20, "ab" * 32))
+    move._lay_target_disk()
+    assert send.call_count == 1 and lay.call_count == 2
+    assert any("base image debian-12 sent to h3: 800 MiB" in e for e in move.events)
+    move.fleet.lock_site_image.assert_called_once()  # one copy per image and host at a time
+
+
+def test_a_move_to_a_site_that_cannot_receive_the_base_is_refused(mocker):
+    move, lay = _move(mocker, [VmmgrError("backing store not accessible")])
+    mocker.patch("vmmgr.site_images.held", return_value=False)
+    mocker.patch("vmmgr.site_images.send", side_effect=VmmgrError("No space left on device"))
+    with pytest.raises(MigrationFailed, match="h3 lacks the base image .* could not receive it "
+                       r"\(.*No space left on device\); the VM is still running on h1"):
+        move._lay_target_disk()
+    assert lay.call_count == 1
+
+
+def test_a_base_already_there_is_not_sent_and_the_first_refusal_stands(mocker):
+    move, lay = _move(mocker, [VmmgrError("permission denied")] * 2)
+    mocker.patch("vmmgr.site_images.held", return_value=True)
+    send = mocker.patch("vmmgr.site_images.send")
+    with pytest.raises(MigrationFailed, match="h3 cannot lay the local disk over its base image"):
+        move._lay_target_disk()
+    send.assert_not_called()
+
+
+def test_a_cancel_asked_while_the_base_is_sent_ends_the_move_before_its_disk(mocker):
+    move, lay = _move(mocker, [VmmgrError("backing store not accessible")])
+    mocker.patch("vmmgr.site_images.held", return_value=False)
+    move.on_progress = mocker.Mock()
+
+    def send(source, target, base, progress):
+        progress(2**20, 800 * 2**20)
+        move.fleet.state.cancel_asked.return_value = True  # `vmmgr migrate cancel` now
+        progress(800 * 2**20, 800 * 2**20)
+        raise AssertionError("the copy went on after the cancel")
+
+    mocker.patch("vmmgr.site_images.send", side_effect=send)
+    with pytest.raises(MigrationCancelled, match="cancelled while h3 received its base image; "
+                       "the VM is still running on h1"):
+        move._lay_target_disk()
+    assert lay.call_count == 1  # the disk was never laid over it
+    move.fleet.state.drop_cancel.assert_called_with("vm1")  # taken: the next move is not cancelled
+    assert move.on_progress.call_args_list[0].args[0].phase == "base"
+
+
+def test_cancel_before_the_job_asks_the_move_only_while_a_migration_holds_the_vm(mocker):
+    from vmmgr import migration
+
+    fleet = mocker.Mock()
+    source = mocker.Mock(host_name="h1")
+    source.postcopy_phase.return_value = None
+    source.has_job.return_value = False
+    fleet.find_all.return_value = [source]
+    fleet.state.holder.return_value = "task-1 migration of vm1 to h3"
+    assert migration.cancel(fleet, "vm1") == "h1"
+    fleet.state.ask_cancel.assert_called_once_with("vm1")
+    fleet.state.ask_cancel.reset_mock()
+    for holder in ("task-2 suspend of vm1", None):
+        fleet.state.holder.return_value = holder
+        with pytest.raises(Conflict, match="no migration in progress"):
+            migration.cancel(fleet, "vm1")
+    fleet.state.ask_cancel.assert_not_called()

@@ -1,0 +1,154 @@
+"""A base image copied to another site's storage, once, before the first move that needs it.
+
+A local-disk VM's overlay names its base by path (`<images>/os/<name>/disk.qcow2`), so a host
+can take the VM only where its own site's storage holds that image at that path. A site that
+lacks it receives it host to host, over the two libvirtd's TLS connections (never this
+process's file system: the worker need not be on either site), through a storage pool over the
+image's folder that lives only for the copy.
+
+The disk goes first and `image.json` last: the record is what makes a copy whole (an image
+without it is not listed, and a copy found so is made again from the start). What arrived is
+read back on the target and must have the SHA-256 the image was recorded with at its import or
+build; anything else is removed. A copy that fails leaves nothing on the target: its files, and
+the folder if the copy made it.
+"""
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import PurePosixPath
+from xml.sax.saxutils import escape
+
+import libvirt
+
+from . import local_disks
+from .errors import VmmgrError
+from .libvirt_errors import translated
+from .os_images import DISK, META
+
+
+def image_name(base: str) -> str:
+    """The OS image a base path is the disk of (`<images>/os/<name>/disk.qcow2`)."""
+    path = PurePosixPath(base)
+    if path.name != DISK or path.parent.parent.name != "os":
+        raise VmmgrError(f"{base} is not the disk of an OS image: it cannot be sent to a site")
+    return path.parent.name
+
+
+def pool_xml(name: str, folder: str) -> str:
+    return (f"<pool type='dir'><name>{escape(name)}</name><target><path>{escape(folder)}</path>"
+            "<permissions><mode>0755</mode></permissions></target></pool>")
+
+
+def volume_xml(name: str, size: int) -> str:
+    # 0644: an OS image is no secret, and QEMU reads it as its own user on a production host
+    return (f"<volume><name>{escape(name)}</name>"
+            f"<capacity unit='bytes'>{int(size)}</capacity><allocation>0</allocation>"
+            "<target><format type='raw'/><permissions><mode>0644</mode></permissions></target>"
+            "</volume>")
+
+
+@contextlib.contextmanager
+def _folder(conn: libvirt.virConnect, base: str, make: bool) -> Iterator[libvirt.virStoragePool]:
+    """A pool over the image's folder on this host, for as long as the block runs. `make`:
+    build the folder if the host's storage lacks it, and take it away again if the block
+    fails (it holds nothing then)."""
+    folder = str(PurePosixPath(base).parent)
+    name = f"vmmgr-image-{image_name(base)}"
+    with translated("the image's folder"):
+        with contextlib.suppress(libvirt.libvirtError):  # one a copy cut short left
+            stale = conn.storagePoolLookupByName(name)
+            if stale.isActive():
+                stale.destroy()
+            stale.undefine()
+        pool = conn.storagePoolDefineXML(pool_xml(name, folder), 0)
+    made = False
+    try:
+        with translated(f"{folder} on this host"):
+            try:
+                pool.create(0)
+            except libvirt.libvirtError:
+                if not make:
+                    raise
+                pool.build(0)  # the folder (and any missing above it)
+                made = True
+                pool.create(0)
+        yield pool
+    except BaseException:
+        if made:
+            with contextlib.suppress(libvirt.libvirtError):
+                pool.destroy()
+                pool.delete(0)  # the folder, empty by now
+        raise
+    finally:
+        with contextlib.suppress(libvirt.libvirtError):
+            if pool.isActive():
+                pool.destroy()
+            pool.undefine()
+
+
+def _volume(pool: libvirt.virStoragePool, name: str) -> libvirt.virStorageVol | None:
+    try:
+        return pool.storageVolLookupByName(name)
+    except libvirt.libvirtError as err:
+        if err.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
+            return None
+        raise
+
+
+def held(conn: libvirt.virConnect, base: str) -> bool:
+    """Whether this host's storage holds the image whole: its disk and, written last, its
+    record."""
+    try:
+        with _folder(conn, base, make=False) as pool, translated("the image's folder"):
+            return _volume(pool, DISK) is not None and _volume(pool, META) is not None
+    except VmmgrError:  # no such folder on this host (any other trouble shows in the copy)
+        return False
+
+
+def send(source: libvirt.virConnect, target: libvirt.virConnect, base: str,
+         progress: local_disks.Progress | None = None) -> tuple[int, str]:
+    """Copy the image at `base` from the source host's storage to the target host's; returns
+    its size and SHA-256, checked on the target against the image's record."""
+    what = f"base image {image_name(base)}"
+    with _folder(source, base, make=False) as src:
+        with translated(f"reading the {what}"):
+            disk, meta_vol = src.storageVolLookupByName(DISK), src.storageVolLookupByName(META)
+            meta = b"".join(local_disks.chunks_of(source, meta_vol))
+        try:
+            recorded = json.loads(meta)["sha256"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise VmmgrError(f"the {what}'s record is unreadable: not sent") from err
+        size = local_disks.size_of(disk)
+        with _folder(target, base, make=True) as dst:
+            for name in (META, DISK):  # a copy cut short: made again, from the start
+                with translated(f"an earlier copy of the {what}"):
+                    if (old := _volume(dst, name)) is not None:
+                        old.delete(0)
+            try:
+                # closed on a failed write: that ends the read on the source too
+                with contextlib.closing(local_disks.chunks_of(source, disk)) as chunks:
+                    _write(target, dst, DISK, size, chunks, progress, what)
+                with translated(f"reading back the {what}"):
+                    arrived = hashlib.sha256()
+                    for data in local_disks.chunks_of(target, dst.storageVolLookupByName(DISK)):
+                        arrived.update(data)
+                if arrived.hexdigest() != recorded:
+                    raise VmmgrError(f"the {what} arrived damaged (sha256 "
+                                     f"{arrived.hexdigest()[:12]}, recorded {recorded[:12]})")
+                _write(target, dst, META, len(meta), iter([meta]), None, what)
+            except BaseException:
+                for name in (META, DISK):
+                    with contextlib.suppress(libvirt.libvirtError):
+                        if (vol := _volume(dst, name)) is not None:
+                            vol.delete(0)
+                raise
+    return size, recorded
+
+
+def _write(conn: libvirt.virConnect, pool: libvirt.virStoragePool, name: str, size: int,
+           chunks: Iterator[bytes], progress, what: str) -> None:
+    with translated(f"the {what} on this host"):
+        vol = pool.createXML(volume_xml(name, size), 0)
+    local_disks.upload(conn, vol, size, chunks, progress, f"the {what}")
