@@ -83,11 +83,11 @@ class Fleet:
         the other (a create's hold is short), rather than refuse."""
         return Lease(self.state, "image", image, self.owner, what, wait=IMAGE_WAIT)
 
-    def lock_site_image(self, image: str, host: str, what: str) -> Lease:
+    def lock_site_image(self, image: str, host: str, what: str,
+                        wait: float = SITE_COPY_WAIT) -> Lease:
         """The copy of an OS image to a host's storage (`site_images`): one at a time. A second
         move that needs the image there waits for the first copy, then finds it whole."""
-        return Lease(self.state, "image-copy", f"{image}@{host}", self.owner, what,
-                     wait=SITE_COPY_WAIT)
+        return Lease(self.state, "image-copy", f"{image}@{host}", self.owner, what, wait=wait)
 
     def __enter__(self) -> "Fleet":
         return self

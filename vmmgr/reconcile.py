@@ -9,10 +9,10 @@ refreshes the host snapshot. Nothing a moving VM depends on is touched while it 
 import time
 from dataclasses import asdict
 
-from . import local_disks, metrics, operations, reclaim, suspend as suspension
+from . import local_disks, metrics, operations, reclaim, site_images, suspend as suspension
 from .addresses import pool_for
 from .edge import Edge
-from .errors import VmmgrError
+from .errors import NotFound, VmmgrError
 from .fleet import Fleet
 from .guest import read_each
 
@@ -30,6 +30,7 @@ def reconcile(fleet: Fleet, report, start=None) -> dict:
     rerouted = repair_edge(fleet, report, rows)
     snapshot_hosts(fleet)
     swept = sweep_local_disks(fleet, report)  # last: the records and routes come first
+    swept += sweep_image_copies(fleet, report)
     fleet.state.write_usage_baseline()
     metrics.count(fleet.state.r, "reconcile_repairs",
                   by=len(repaired) + len(rerouted) + len(swept))
@@ -117,6 +118,35 @@ def sweep_local_disks(fleet: Fleet, report) -> list[str]:
             report.event(f"{vm}: stray local disk removed from {host}", vm=vm, host=host,
                          kind="repair")
             swept.append(f"{vm}@{host}")
+    return swept
+
+
+def sweep_image_copies(fleet: Fleet, report) -> list[str]:
+    """Take back what a copy of a base image to a host's storage left there when it was cut
+    short (its worker killed, the host's libvirtd or the link gone): a disk without the record
+    that makes it an image. Each copy is known from when it starts until it ends well; one whose
+    lock no one holds any more is over. Returns "image@host" for each disk removed."""
+    swept = []
+    for key, base in sorted(fleet.state.image_copies().items()):
+        image, _, host = key.partition("@")
+        try:
+            with fleet.lock_site_image(image, host, f"sweep of a copy of {image} to {host}",
+                                       wait=0):
+                try:
+                    conn = fleet.host(host).conn
+                except NotFound:  # the host left the fleet, and its storage with it
+                    fleet.state.image_copy_ended(image, host)
+                    continue
+                if site_images.discard_partial(conn, base):
+                    report.event(f"a copy of image {image} cut short removed from {host}",
+                                 host=host, kind="repair")
+                    swept.append(key)
+                fleet.state.image_copy_ended(image, host)
+        except VmmgrError:
+            continue  # a copy runs, or the host does not answer: the next pass
+        except Exception as err:  # noqa: BLE001 - one copy's surprise must not end the pass
+            report.event(f"a copy of image {image} to {host} not swept: {err}", host=host,
+                         kind="error")
     return swept
 
 

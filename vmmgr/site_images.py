@@ -6,15 +6,16 @@ lacks it receives it host to host, over the two libvirtd's TLS connections (neve
 process's file system: the worker need not be on either site), through a storage pool over the
 image's folder that lives only for the copy.
 
-The disk goes first and `image.json` last: the record is what makes a copy whole (an image
-without it is not listed, and a copy found so is made again from the start). What arrived is
-read back on the target and must have the SHA-256 the image was recorded with at its import or
-build; anything else is removed. A copy that fails leaves nothing on the target: its files, and
-the folder if the copy made it.
+The disk goes first and `image.json` last: the record is what makes a copy whole. An image
+without it is not listed, a move never lays a disk over it (a copy cut short has a valid qcow2
+header over a missing tail), and the next copy makes it again from the start. What was sent
+must have the SHA-256 the image was recorded with at its import or build, and the file on the
+target its size; anything else is removed. (No read-back: it would come from the target's page
+cache, and cross the WAN a second time.) A copy that fails leaves nothing on the target: its
+files, and the folder if the copy made it.
 """
 
 import contextlib
-import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import PurePosixPath
@@ -28,12 +29,20 @@ from .libvirt_errors import translated
 from .os_images import DISK, META
 
 
+class NoFolder(VmmgrError):
+    """The host's storage has no folder for the image."""
+
+
+def is_image_disk(base: str) -> bool:
+    path = PurePosixPath(base)
+    return path.name == DISK and path.parent.parent.name == "os"
+
+
 def image_name(base: str) -> str:
     """The OS image a base path is the disk of (`<images>/os/<name>/disk.qcow2`)."""
-    path = PurePosixPath(base)
-    if path.name != DISK or path.parent.parent.name != "os":
+    if not is_image_disk(base):
         raise VmmgrError(f"{base} is not the disk of an OS image: it cannot be sent to a site")
-    return path.parent.name
+    return PurePosixPath(base).parent.name
 
 
 def pool_xml(name: str, folder: str) -> str:
@@ -68,9 +77,9 @@ def _folder(conn: libvirt.virConnect, base: str, make: bool) -> Iterator[libvirt
         with translated(f"{folder} on this host"):
             try:
                 pool.create(0)
-            except libvirt.libvirtError:
+            except libvirt.libvirtError as err:
                 if not make:
-                    raise
+                    raise NoFolder(f"{folder} on this host: {err}") from err
                 pool.build(0)  # the folder (and any missing above it)
                 made = True
                 pool.create(0)
@@ -107,6 +116,20 @@ def held(conn: libvirt.virConnect, base: str) -> bool:
         return False
 
 
+def discard_partial(conn: libvirt.virConnect, base: str) -> bool:
+    """Remove what a copy cut short left on this host's storage (the disk, without the record
+    that would make it an image); whether there was such a thing."""
+    try:
+        with _folder(conn, base, make=False) as pool, translated("a copy cut short"):
+            vol = _volume(pool, DISK)
+            if vol is None or _volume(pool, META) is not None:
+                return False
+            vol.delete(0)
+            return True
+    except NoFolder:
+        return False
+
+
 def send(source: libvirt.virConnect, target: libvirt.virConnect, base: str,
          progress: local_disks.Progress | None = None) -> tuple[int, str]:
     """Copy the image at `base` from the source host's storage to the target host's; returns
@@ -129,14 +152,15 @@ def send(source: libvirt.virConnect, target: libvirt.virConnect, base: str,
             try:
                 # closed on a failed write: that ends the read on the source too
                 with contextlib.closing(local_disks.chunks_of(source, disk)) as chunks:
-                    _write(target, dst, DISK, size, chunks, progress, what)
-                with translated(f"reading back the {what}"):
-                    arrived = hashlib.sha256()
-                    for data in local_disks.chunks_of(target, dst.storageVolLookupByName(DISK)):
-                        arrived.update(data)
-                if arrived.hexdigest() != recorded:
-                    raise VmmgrError(f"the {what} arrived damaged (sha256 "
-                                     f"{arrived.hexdigest()[:12]}, recorded {recorded[:12]})")
+                    sent = _write(target, dst, DISK, size, chunks, progress, what)
+                if sent != recorded:
+                    raise VmmgrError(f"the {what} sent does not match its record (sha256 "
+                                     f"{sent[:12]}, recorded {recorded[:12]}): the source's "
+                                     "copy is damaged")
+                with translated(f"the {what} on the target"):
+                    held_size = local_disks.size_of(dst.storageVolLookupByName(DISK))
+                if held_size != size:
+                    raise VmmgrError(f"the {what}: {held_size} of {size} bytes on the target")
                 _write(target, dst, META, len(meta), iter([meta]), None, what)
             except BaseException:
                 for name in (META, DISK):
@@ -148,7 +172,8 @@ def send(source: libvirt.virConnect, target: libvirt.virConnect, base: str,
 
 
 def _write(conn: libvirt.virConnect, pool: libvirt.virStoragePool, name: str, size: int,
-           chunks: Iterator[bytes], progress, what: str) -> None:
+           chunks: Iterator[bytes], progress, what: str) -> str:
+    """A new volume `name` holding `chunks`; their SHA-256."""
     with translated(f"the {what} on this host"):
         vol = pool.createXML(volume_xml(name, size), 0)
-    local_disks.upload(conn, vol, size, chunks, progress, f"the {what}")
+    return local_disks.upload(conn, vol, size, chunks, progress, f"the {what}")

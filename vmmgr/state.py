@@ -346,6 +346,18 @@ class FleetState:
     def drop_cancel(self, vm: str) -> None:
         self.r.delete(P + f"cancel:{vm}")
 
+    # ---- base images being sent to a host (`site_images`): one cut short is swept ----------
+
+    def image_copy_started(self, image: str, host: str, base: str) -> None:
+        self.r.hset(P + "image-copies", f"{image}@{host}", base)
+
+    def image_copy_ended(self, image: str, host: str) -> None:
+        self.r.hdel(P + "image-copies", f"{image}@{host}")
+
+    def image_copies(self) -> dict[str, str]:
+        """"image@host" -> the image's base path, for each copy begun and not known ended."""
+        return self.r.hgetall(P + "image-copies")
+
     # ---- what moves teach the deadline planner (`deadline_run.measured_rates`) ---------------
 
     def learn_move(self, sent_fraction: float, overhead_s: float) -> None:

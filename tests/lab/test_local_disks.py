@@ -3,14 +3,14 @@ kept on the host that runs it, and moved with it, never through shared storage. 
 each host a site of its own, goes through every path that moves it: a live migration that
 copies its disk first (progress in a disk phase), a migration cancelled in that phase, one to
 a host whose site lacks the base image and has no room for it (refused, nothing left there),
-one cancelled while the image is sent, one to a host with room (the image sent first,
-checksummed; the VM runs on the copy), suspend and resume on another host, a worker killed
-while a suspend keeps the disk and while a resume loads it, a worker killed mid-copy, the
-target's libvirtd killed and the link to the target cut mid-copy (the overlay left there
-removed by the reconcile's sweep once it answers), the source's libvirtd killed mid-copy and
-restarted, a stopped VM moved by a reclaim whose worker is killed while the disk is copied;
-after each, what it wrote is whole and its disk is on the one host that holds it, and nowhere
-else."""
+one cancelled while the image is sent, one whose links are cut then (the sweep takes back what
+arrived), one to a host with room (the image sent first, checksummed; the VM runs on the
+copy), suspend and resume on another host, a worker killed while a suspend keeps the disk and
+while a resume loads it, a worker killed mid-copy, the target's libvirtd killed and the link to
+the target cut mid-copy (the overlay left there removed by the reconcile's sweep once it
+answers), the source's libvirtd killed mid-copy and restarted, a stopped VM moved by a reclaim
+whose worker is killed while the disk is copied; after each, what it wrote is whole and its
+disk is on the one host that holds it, and nowhere else."""
 
 import json
 import os
@@ -148,6 +148,27 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         assert "cancelled while host3 received its base image" in said["message"], said
         assert on_host3() == "" and holders(fleet, "local1") == ["host2"]
         assert where(fleet, "local1") == ["host2"]
+
+        # The links to host3 cut while the image is sent: the move fails (the VM runs on),
+        # and what arrived cannot be taken back then; the reconcile's sweep removes it once
+        # host3 answers again.
+        task = c.task_of(c.cli("migrate", "local1", "--to", "host3", "--no-wait"))
+        soon(lambda: on_host3() != "", "the base image was never being sent")
+        time.sleep(2)
+        for source in ("host1", "host2"):
+            c.link(False, source=source, target="host3")
+        try:
+            faults.wait(lambda: c.task_state(task) == "FAILURE", 120, "the move went on")
+        finally:
+            for source in ("host1", "host2"):
+                c.link(True, source=source, target="host3")
+        said = json.loads(c.state.task(task)["outcome"])
+        assert ("could not receive it" in said["message"]
+                and "still running on host2" in said["message"]), said
+        faults.wait(lambda: on_host3() == "", 120, "the cut-short copy stayed on host3")
+        assert any(e["message"] == "a copy of image debian-12 cut short removed from host3"
+                   for e in c.state.events(count=500)), "not the sweep's doing"
+        assert where(fleet, "local1") == ["host2"] and holders(fleet, "local1") == ["host2"]
 
         moved = cli("migrate", "local1", "--to", "host3", check_code=0)
         assert "(disk and memory next)" in moved.stdout + moved.stderr

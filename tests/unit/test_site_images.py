@@ -7,14 +7,17 @@ sends a real image between real libvirtds."""
 import hashlib
 import json
 import xml.etree.ElementTree as ET
+from types import SimpleNamespace
 
 import libvirt
 import pytest
 
-from vmmgr import policy as pol, site_images
+from vmmgr import policy as pol, reconcile, site_images
 from vmmgr.display import progress_line
-from vmmgr.errors import Conflict, MigrationFailed, VmmgrError
+from vmmgr.errors import Conflict, MigrationFailed, NotFound, VmmgrError
+from vmmgr.fleet import Fleet
 from vmmgr.migration import JobProgress, MigrationCancelled, _Migration
+from vmmgr.state import FleetState
 
 BASE = "/srv/images/os/debian-12/disk.qcow2"
 FOLDER = "/srv/images/os/debian-12"
@@ -157,7 +160,7 @@ def test_a_target_without_room_is_left_as_it_was():
 
 def test_what_does_not_match_the_record_is_not_kept():
     source, target = _source(sha="0" * 64), Storage()
-    with pytest.raises(VmmgrError, match="arrived damaged"):
+    with pytest.raises(VmmgrError, match="does not match its record"):
         site_images.send(source, target, BASE)
     assert FOLDER not in target.folders and not site_images.held(target, BASE)
 
@@ -209,27 +212,39 @@ def _move(mocker, lay_errors):
 
 
 def test_a_move_sends_the_base_then_lays_the_disk(mocker):
-    move, lay = _move(mocker, [VmmgrError("backing store not accessible"), "/p"])
+    move, lay = _move(mocker, ["/p"])
     mocker.patch("vmmgr.site_images.held", return_value=False)
     send = mocker.patch("vmmgr.site_images.send", return_value=(800 * 2**20, "ab" * 32))
     move._lay_target_disk()
-    assert send.call_count == 1 and lay.call_count == 2
+    assert send.call_count == 1 and lay.call_count == 1
     assert any("base image debian-12 sent to h3: 800 MiB" in e for e in move.events)
     move.fleet.lock_site_image.assert_called_once()  # one copy per image and host at a time
+    move.fleet.state.image_copy_started.assert_called_once_with("debian-12", "h3", BASE)
+    move.fleet.state.image_copy_ended.assert_called_once_with("debian-12", "h3")
 
 
 def test_a_move_to_a_site_that_cannot_receive_the_base_is_refused(mocker):
-    move, lay = _move(mocker, [VmmgrError("backing store not accessible")])
+    move, lay = _move(mocker, [])
     mocker.patch("vmmgr.site_images.held", return_value=False)
     mocker.patch("vmmgr.site_images.send", side_effect=VmmgrError("No space left on device"))
     with pytest.raises(MigrationFailed, match="h3 lacks the base image .* could not receive it "
                        r"\(.*No space left on device\); the VM is still running on h1"):
         move._lay_target_disk()
-    assert lay.call_count == 1
+    lay.assert_not_called()
+    move.fleet.state.image_copy_ended.assert_not_called()  # the sweep makes sure of what is left
 
 
-def test_a_base_already_there_is_not_sent_and_the_first_refusal_stands(mocker):
-    move, lay = _move(mocker, [VmmgrError("permission denied")] * 2)
+def test_a_base_that_is_no_images_disk_is_never_sent(mocker):
+    move, lay = _move(mocker, ["/p"])
+    mocker.patch("vmmgr.local_disks.overlay_of", return_value=(2**30, "/srv/other/base.qcow2"))
+    held = mocker.patch("vmmgr.site_images.held")
+    move._lay_target_disk()
+    held.assert_not_called()
+    lay.assert_called_once()
+
+
+def test_a_base_already_there_is_not_sent_and_a_refusal_to_lay_says_why(mocker):
+    move, lay = _move(mocker, [VmmgrError("permission denied")])
     mocker.patch("vmmgr.site_images.held", return_value=True)
     send = mocker.patch("vmmgr.site_images.send")
     with pytest.raises(MigrationFailed, match="h3 cannot lay the local disk over its base image"):
@@ -238,7 +253,7 @@ def test_a_base_already_there_is_not_sent_and_the_first_refusal_stands(mocker):
 
 
 def test_a_cancel_asked_while_the_base_is_sent_ends_the_move_before_its_disk(mocker):
-    move, lay = _move(mocker, [VmmgrError("backing store not accessible")])
+    move, lay = _move(mocker, [])
     mocker.patch("vmmgr.site_images.held", return_value=False)
     move.on_progress = mocker.Mock()
 
@@ -252,7 +267,7 @@ def test_a_cancel_asked_while_the_base_is_sent_ends_the_move_before_its_disk(moc
     with pytest.raises(MigrationCancelled, match="cancelled while h3 received its base image; "
                        "the VM is still running on h1"):
         move._lay_target_disk()
-    assert lay.call_count == 1  # the disk was never laid over it
+    lay.assert_not_called()  # the disk was never laid over it
     move.fleet.state.drop_cancel.assert_called_with("vm1")  # taken: the next move is not cancelled
     assert move.on_progress.call_args_list[0].args[0].phase == "base"
 
@@ -274,3 +289,52 @@ def test_cancel_before_the_job_asks_the_move_only_while_a_migration_holds_the_vm
         with pytest.raises(Conflict, match="no migration in progress"):
             migration.cancel(fleet, "vm1")
     fleet.state.ask_cancel.assert_not_called()
+
+
+class CopyFleet:
+    """What the copy sweep uses of a fleet: the store (real Redis), its locks, the hosts."""
+    lock_site_image = Fleet.lock_site_image
+
+    def __init__(self, redis_url, hosts):
+        self.state, self.owner, self._hosts = FleetState(redis_url), "reconcile-test", hosts
+
+    def host(self, name):
+        if name not in self._hosts:
+            raise NotFound(f"unknown host {name!r}")
+        return SimpleNamespace(conn=self._hosts[name])
+
+
+class Report:
+    def __init__(self):
+        self.events = []
+
+    def event(self, message, **kw):
+        self.events.append(message)
+
+
+def test_a_copy_cut_short_is_swept_once_no_one_holds_it(redis_url):
+    whole = _source()
+    cut = Storage({FOLDER: {"disk.qcow2": DISK[:100]}})  # its worker killed mid-copy
+    fleet, report = CopyFleet(redis_url, {"h1": whole, "h3": cut}), Report()
+    for host in ("h1", "h3", "gone"):
+        fleet.state.image_copy_started("debian-12", host, BASE)
+    fleet.state.acquire("image-copy", "debian-12@h3", "task-9", "copy of image", ttl=30)
+    assert reconcile.sweep_image_copies(fleet, report) == []  # h3's copy still runs
+    assert set(fleet.state.image_copies()) == {"debian-12@h3"}
+    assert whole.folders[FOLDER]["disk.qcow2"] == DISK  # an image with its record stays
+    fleet.state.release("image-copy", "debian-12@h3", "task-9")
+    assert reconcile.sweep_image_copies(fleet, report) == ["debian-12@h3"]
+    assert cut.folders[FOLDER] == {} and not cut.pools
+    assert report.events == ["a copy of image debian-12 cut short removed from h3"]
+    assert fleet.state.image_copies() == {}
+
+
+def test_a_host_that_does_not_answer_keeps_its_copy_for_the_next_pass(redis_url, mocker):
+    cut = Storage({FOLDER: {"disk.qcow2": DISK[:100]}})
+    mocker.patch.object(cut, "storagePoolDefineXML",
+                        side_effect=_err(libvirt.VIR_ERR_SYSTEM_ERROR, "connection closed"))
+    fleet = CopyFleet(redis_url, {"h3": cut})
+    fleet.state.image_copy_started("debian-12", "h3", BASE)
+    assert reconcile.sweep_image_copies(fleet, Report()) == []
+    assert set(fleet.state.image_copies()) == {"debian-12@h3"}
+    assert cut.folders[FOLDER]["disk.qcow2"] == DISK[:100]
