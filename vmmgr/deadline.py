@@ -85,6 +85,9 @@ class Candidate:
     # A local disk's data (`local_disks`): copied before the memory by a migration, kept beside
     # the save by a suspend; never by post-copy.
     disk_mib: float = 0.0
+    # The base image under that disk when the target's storage lacks it (another site): a
+    # migration sends it first (`site_images`); a suspend keeps only the disk.
+    base_mib: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,8 @@ class Plan:
 def migration_seconds(c: Candidate, bw_mibps: float, rates: Rates) -> tuple[str, float]:
     """("migrate" or "postcopy", estimated seconds) for one stream of `bw_mibps`."""
     sent = rates.sent_mib(c.memory_mib)
-    disk_s = c.disk_mib / bw_mibps  # the disk's mirror, first; it is not compressed
+    # the base image a site lacks, then the disk's mirror, first; neither is compressed
+    disk_s = (c.base_mib + c.disk_mib) / bw_mibps
     if c.dirty_mibps > POSTCOPY_ABOVE * bw_mibps:
         if not c.disk_mib:
             return "postcopy", sent / bw_mibps + rates.overhead_s

@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from . import deadline, local_disks, metrics
+from . import deadline, local_disks, metrics, os_images, site_images
 from .errors import NotFound, VmmgrError
 from .fleet import Fleet
 from .guest import read_each
@@ -52,10 +52,13 @@ def reclaim_by(fleet: Fleet, host: str, deadline_at: float, report,
     rates = rates or measured_rates(fleet.state.r)
     steps = {s.vm: s for s in plan_evacuation(sizes, fleet.active_capacities(exclude=host), True,
                                               fleet.sites(), host)}
+    by_name, bases = {g.name: g for g in guests}, {}
     candidates = {s.name: deadline.Candidate(
         s.name, s.memory_mib, dirty.get(s.name, 0.0), s.live,
         steps[s.name].target, groups.get(s.name, ""),
-        _link(fleet, host, steps[s.name].target), disks.get(s.name, 0.0)) for s in sizes}
+        _link(fleet, host, steps[s.name].target), disks.get(s.name, 0.0),
+        _base_mib(fleet, by_name[s.name], steps[s.name].target, bases)
+        if disks.get(s.name) else 0.0) for s in sizes}
     budget = deadline_at - time.time()
     if strategy == "plan":
         plan, run_with = deadline.plan(list(candidates.values()), budget, rates), rates
@@ -230,6 +233,25 @@ def _replanned(move, c, deadline_at, rates, report, storage_ahead_mib: float = 0
 def _mib(c: deadline.Candidate) -> float:
     """What saving the VM writes to storage: its memory and its local disk."""
     return c.memory_mib + c.disk_mib
+
+
+def _base_mib(fleet: Fleet, guest, target: str | None, known: dict) -> float:
+    """The MiB of the base image a move of this local-disk VM to `target` sends first, its
+    storage lacking it (0: it holds it, or no target). Every move to that target pays it: each
+    waits for the one copy. Asked once per target and image (`known`); an unreadable answer
+    costs the estimate, never the reclaim."""
+    if target is None:
+        return 0.0
+    try:
+        _, base = local_disks.overlay_of(guest.connection(), guest.name)
+        if not site_images.is_image_disk(base):
+            return 0.0
+        if (target, base) not in known:
+            known[target, base] = 0.0 if site_images.held(fleet.host(target).conn, base) else (
+                os_images.get(fleet.paths.images, site_images.image_name(base)).size / 2**20)
+        return known[target, base]
+    except VmmgrError:
+        return 0.0
 
 
 def _disk_mib(guest) -> float:

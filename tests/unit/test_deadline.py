@@ -3,6 +3,7 @@
 import pytest
 
 from vmmgr.deadline import Candidate, Rates, plan
+from vmmgr.errors import VmmgrError
 
 RATES = Rates(link_mibps=100, link_total_mibps=200, storage_mibps=200, save_streams=2,
               overhead_s=1.5, hibernate_overhead_s=10)
@@ -172,3 +173,36 @@ def test_a_local_disk_is_in_the_estimate_and_keeps_a_dirtier_off_post_copy():
     # a deadline the disk's copy would miss: the disk VM is parked, the other migrates
     p = plan([plain, disk], 9, rates)
     assert hows(p) == {"a": "migrate", "b": "suspend"}, p.moves
+
+
+def test_a_base_image_the_target_site_lacks_is_in_a_migrations_estimate_only():
+    from vmmgr.deadline import migration_seconds, save_seconds
+    rates = Rates(link_mibps=100, link_total_mibps=100, storage_mibps=200, overhead_s=1.0,
+                  sent_fraction=1.0)
+    near = Candidate("a", 512, target="h2", disk_mib=300)
+    far = Candidate("a", 512, target="h3", disk_mib=300, base_mib=800)
+    assert migration_seconds(far, 100, rates)[1] - migration_seconds(near, 100, rates)[1] == (
+        pytest.approx(8.0))
+    assert save_seconds(far, 200, rates) == save_seconds(near, 200, rates)  # the disk alone
+    # 8 s more would miss a 12 s deadline: parked instead (its disk kept beside its save)
+    assert hows(plan([near], 12, rates)) == {"a": "migrate"}
+    assert hows(plan([far], 12, rates)) == {"a": "suspend"}
+
+
+def test_the_base_a_move_must_send_is_asked_of_its_target_once(mocker, tmp_path):
+    from vmmgr import deadline_run, os_images, site_images
+    base = str(tmp_path / "os" / "debian-12" / "disk.qcow2")
+    mocker.patch("vmmgr.local_disks.overlay_of", return_value=(2**30, base))
+    held = mocker.patch.object(site_images, "held", return_value=False)
+    image = mocker.patch.object(os_images, "get",
+                                return_value=mocker.Mock(size=800 * 2**20))
+    fleet, known = mocker.Mock(), {}
+    guest = mocker.Mock()
+    assert deadline_run._base_mib(fleet, guest, "h3", known) == 800
+    assert deadline_run._base_mib(fleet, guest, "h3", known) == 800
+    assert held.call_count == 1 and image.call_args.args[1] == "debian-12"
+    held.return_value = True
+    assert deadline_run._base_mib(fleet, guest, "h2", known) == 0.0
+    assert deadline_run._base_mib(fleet, guest, None, known) == 0.0
+    mocker.patch("vmmgr.local_disks.overlay_of", side_effect=VmmgrError("pool gone"))
+    assert deadline_run._base_mib(fleet, guest, "h4", known) == 0.0  # the estimate pays
