@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import redis
 
-from . import console, devices, local_disks, os_images, seed, view
+from . import console, devices, local_disks, os_images, seed, site_images, view
 from .addresses import NetworkConfig, mac_for, pool_for
 from .edge import Edge
 from .errors import Conflict, HostUnreachable, InvalidRequest, NotFound, VmmgrError
@@ -320,6 +320,8 @@ class Fleet:
         definition = guest.xml(migratable=True, inactive=True)
         local = local_disks.local_disks(definition)
         if local:  # its disk on its host's own storage goes with it, checked on arrival
+            _, base = local_disks.overlay_of(guest.connection(), vm)
+            site_images.ensure(self, target, base, [guest.host_name])  # a site without it
             local_disks.copy(guest.connection(), host.conn, vm)
         moved = host.define(set_console_path(definition, segment))
         guest.undefine()

@@ -409,7 +409,7 @@ class _Migration:
         storage lacks the base receives it first, once."""
         source = self.fleet.host(self.source)
         capacity, base = local_disks.overlay_of(source.conn, self.guest.name)
-        if self._send_base(source, base):
+        if self._send_base(base):
             self._cancelled_yet("once its base image was sent")
         self._lay(capacity, base)
         self._event(f"local disk laid on {self.target} (over {base})")
@@ -422,13 +422,11 @@ class _Migration:
                 f"{self._not_started()}: {self.target} cannot lay the local disk over its base "
                 f"image {base} ({_words(err)}); the VM is still running on {self.source}") from err
 
-    def _send_base(self, source, base: str) -> bool:
+    def _send_base(self, base: str) -> bool:
         """Copy the base image to the target's storage unless it holds it whole (asked each
         time: a copy cut short leaves a disk no overlay may be laid on); whether it was sent.
         Refused, with nothing left on the target, if it cannot receive it: no room, no write
         access, a damaged source."""
-        if not site_images.is_image_disk(base):
-            return False  # not an OS image's: laying the disk says whether the target has it
         started, last = time.monotonic(), [0.0]
 
         def progress(done: int, size: int) -> None:
@@ -447,16 +445,8 @@ class _Migration:
                     disk_total_bytes=size))
 
         try:
-            image = site_images.image_name(base)
-            with self.fleet.lock_site_image(image, self.target,
-                                            f"copy of image {image} to {self.target}"):
-                if site_images.held(self.dest.conn, base):
-                    return False
-                self._event(f"{self.target}'s storage lacks the base image {image}: sending it")
-                # known until it ends well: one cut short is swept (reconcile.sweep_image_copies)
-                self.fleet.state.image_copy_started(image, self.target, base)
-                size, sha = site_images.send(source.conn, self.dest.conn, base, progress)
-                self.fleet.state.image_copy_ended(image, self.target)
+            sent = site_images.ensure(self.fleet, self.target, base, [self.source], progress,
+                                      self._event)
         except MigrationCancelled:
             raise
         except VmmgrError as err:
@@ -464,8 +454,11 @@ class _Migration:
                 f"{self._not_started()}: {self.target} lacks the base image {base} and could "
                 f"not receive it ({_words(err)}); the VM is still running on {self.source}"
             ) from err
-        self._event(f"base image {image} sent to {self.target}: {size / 2**20:.0f} MiB in "
-                    f"{time.monotonic() - started:.1f} s, sha256 {sha[:12]} as recorded")
+        if sent is None:
+            return False
+        self._event(f"base image {site_images.image_name(base)} sent to {self.target}: "
+                    f"{sent[0] / 2**20:.0f} MiB in {time.monotonic() - started:.1f} s, sha256 "
+                    f"{sent[1][:12]} as recorded")
         return True
 
     def _cancelled_yet(self, when: str) -> None:

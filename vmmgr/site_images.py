@@ -116,6 +116,38 @@ def held(conn: libvirt.virConnect, base: str) -> bool:
         return False
 
 
+def ensure(fleet, target: str, base: str, sources: list[str], progress=None,
+           say=lambda message: None) -> tuple[int, str] | None:
+    """Make the target host's storage hold the OS image at `base`, sent from the first of
+    `sources` that holds it whole, unless the target does. Asked under the copy's lock, so a
+    second move that needs it waits for the first one's copy, then finds it there; each time,
+    as a copy cut short leaves a disk no overlay may be laid on. Known in the store from the
+    copy's start until it ends well (`reconcile.sweep_image_copies`). Returns the size and
+    SHA-256 sent, or None if nothing had to be; a base that is no OS image's: None."""
+    if not is_image_disk(base):
+        return None  # laying the disk says whether the target sees it
+    image = image_name(base)
+    dest = fleet.host(target).conn
+    with fleet.lock_site_image(image, target, f"copy of image {image} to {target}"):
+        if held(dest, base):
+            return None
+        source = next((h for h in sources if h != target and _holds(fleet, h, base)), None)
+        if source is None:
+            raise VmmgrError(f"no host that answers holds the image {image} whole to send it")
+        say(f"{target}'s storage lacks the base image {image}: sending it from {source}")
+        fleet.state.image_copy_started(image, target, base)
+        sent = send(fleet.host(source).conn, dest, base, progress)
+        fleet.state.image_copy_ended(image, target)
+        return sent
+
+
+def _holds(fleet, host: str, base: str) -> bool:
+    try:
+        return held(fleet.host(host).conn, base)
+    except VmmgrError:  # a host that left the fleet, or does not answer
+        return False
+
+
 def discard_partial(conn: libvirt.virConnect, base: str) -> bool:
     """Remove what a copy cut short left on this host's storage (the disk, without the record
     that would make it an image); whether there was such a thing."""

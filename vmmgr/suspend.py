@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import console, devices, local_disks
+from . import console, devices, local_disks, os_images, site_images
 from .errors import Conflict, HibernationFailed, InvalidRequest, NotFound, VmmgrError
 from .fleet import Fleet, require_active
 from .placement import choose_host, refusal
@@ -253,11 +253,21 @@ def _keep_local_disk(d: Path, guest) -> bool:
     return True
 
 
-def load_local_disk(d: Path, target) -> bool:
-    """Put a suspended VM's kept disk on `target`'s own storage (checked against its sum);
-    whether it has one."""
+def load_local_disk(fleet: Fleet, d: Path, target, from_host: str) -> bool:
+    """Put a suspended VM's kept disk on `target`'s own storage (checked against its sum),
+    its base image sent there first if that storage lacks it (from the host it left, or any
+    other that holds it); whether it has one."""
     if not (d / DISK_SUM).is_file():
         return False
+    base = os_images.backing_file(d / DISK)
+    if base:
+        others = sorted(h.name for h in fleet.hosts() if h.name != from_host)
+        try:
+            site_images.ensure(fleet, target.name, base, [from_host, *others])
+        except VmmgrError as err:
+            raise VmmgrError(f"{d.name} not resumed on {target.name}: its storage lacks the "
+                             f"base image {base} and could not receive it ({err}); "
+                             f"{d.name} stays suspended") from err
     expected = json.loads((d / DISK_SUM).read_text())["sha256"]
     local_disks.load_from(target.conn, d.name, d / DISK, expected)
     return True
@@ -311,7 +321,7 @@ def _resume(fleet: Fleet, vm: str, host: str | None) -> Resumed:
         lease.check()
         _claim(d, vm)
         try:
-            load_local_disk(d, target)
+            load_local_disk(fleet, d, target, record.from_host)
         except Exception:
             _unclaim(d)  # its kept disk stays on storage, the VM stays suspended
             raise

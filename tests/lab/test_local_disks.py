@@ -5,12 +5,13 @@ copies its disk first (progress in a disk phase), a migration cancelled in that 
 a host whose site lacks the base image and has no room for it (refused, nothing left there),
 one cancelled while the image is sent, one whose links are cut then (the sweep takes back what
 arrived), one to a host with room (the image sent first, checksummed; the VM runs on the
-copy), suspend and resume on another host, a worker killed while a suspend keeps the disk and
-while a resume loads it, a worker killed mid-copy, the target's libvirtd killed and the link to
-the target cut mid-copy (the overlay left there removed by the reconcile's sweep once it
-answers), the source's libvirtd killed mid-copy and restarted, a stopped VM moved by a reclaim
-whose worker is killed while the disk is copied; after each, what it wrote is whole and its
-disk is on the one host that holds it, and nowhere else."""
+copy), suspend and resume on another host (whose storage lacks the image: sent first), a worker
+killed while a suspend keeps the disk and while a resume loads it, a worker killed mid-copy, the
+target's libvirtd killed and the link to the target cut mid-copy (the overlay left there
+removed by the reconcile's sweep once it answers), the source's libvirtd killed mid-copy and
+restarted, a stopped VM moved by a reclaim whose worker is killed while the disk is copied;
+after each, what it wrote is whole and its disk is on the one host that holds it, and nowhere
+else."""
 
 import json
 import os
@@ -137,6 +138,11 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
             return subprocess.run([*hide, "find", str(paths.images), "-type", "f"],
                                   capture_output=True, text=True, check=True).stdout
 
+        def copied_sum() -> str:
+            disk = os_images.disk_path(paths.images, "debian-12")
+            return subprocess.run([*hide, "sha256sum", str(disk)], capture_output=True,
+                                  text=True, check=True).stdout.split()[0]
+
         # Cancelled while the image is being sent (before the move has a libvirt job): it
         # ends there; nothing of the image is left, the VM runs on.
         task = c.task_of(c.cli("migrate", "local1", "--to", "host3", "--no-wait"))
@@ -177,16 +183,20 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         assert any("base image debian-12 sent to host3" in e and debian.sha256[:12] in e
                    for e in events), events
         print("sent:", [e for e in events if "sent to" in e])
-        copied = subprocess.run([*hide, "sha256sum", str(os_images.disk_path(paths.images,
-                                                                             "debian-12"))],
-                                capture_output=True, text=True, check=True).stdout
-        assert copied.split()[0] == debian.sha256
+        assert copied_sum() == debian.sha256
         assert where(fleet, "local1") == ["host3"] and holders(fleet, "local1") == ["host3"]
         assert data_sum() == written
-        cli("migrate", "local1", "--to", "host2", check_code=0)  # the copy stays on host3's site
+        cli("migrate", "local1", "--to", "host2", check_code=0)
         assert where(fleet, "local1") == ["host2"] and holders(fleet, "local1") == ["host2"]
 
-        # Suspended with its disk (beside its save, checksummed), resumed on another host.
+        # host3's storage emptied again (a fresh tmpfs), for the resume below to send it to.
+        subprocess.run([*hide, "umount", str(paths.images)], check=True)
+        subprocess.run([*hide, "mount", "-t", "tmpfs", "-o", "size=1200m", "tmpfs",
+                        str(paths.images)], check=True)
+        assert on_host3() == ""
+
+        # Suspended with its disk (beside its save, checksummed), resumed on another host
+        # whose storage lacks the base: it is sent there first, from the host the VM left.
         cli("vm", "suspend", "local1", check_code=0)
         kept = paths.saves / "local1"
         assert (kept / "disk.qcow2").is_file() and (kept / "disk.qcow2").stat().st_mode & 0o077 == 0
@@ -194,6 +204,7 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         cli("vm", "resume", "local1", "--host", "host3", check_code=0)
         assert where(fleet, "local1") == ["host3"] and holders(fleet, "local1") == ["host3"]
         assert not kept.exists()
+        assert copied_sum() == debian.sha256
         assert data_sum() == written
 
         # A worker killed while a suspend keeps the disk beside the save, then one killed while

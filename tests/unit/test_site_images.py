@@ -213,7 +213,7 @@ def _move(mocker, lay_errors):
 
 def test_a_move_sends_the_base_then_lays_the_disk(mocker):
     move, lay = _move(mocker, ["/p"])
-    mocker.patch("vmmgr.site_images.held", return_value=False)
+    mocker.patch("vmmgr.site_images.held", side_effect=[False, True])  # the target, the source
     send = mocker.patch("vmmgr.site_images.send", return_value=(800 * 2**20, "ab" * 32))
     move._lay_target_disk()
     assert send.call_count == 1 and lay.call_count == 1
@@ -225,7 +225,7 @@ def test_a_move_sends_the_base_then_lays_the_disk(mocker):
 
 def test_a_move_to_a_site_that_cannot_receive_the_base_is_refused(mocker):
     move, lay = _move(mocker, [])
-    mocker.patch("vmmgr.site_images.held", return_value=False)
+    mocker.patch("vmmgr.site_images.held", side_effect=[False, True])
     mocker.patch("vmmgr.site_images.send", side_effect=VmmgrError("No space left on device"))
     with pytest.raises(MigrationFailed, match="h3 lacks the base image .* could not receive it "
                        r"\(.*No space left on device\); the VM is still running on h1"):
@@ -254,7 +254,7 @@ def test_a_base_already_there_is_not_sent_and_a_refusal_to_lay_says_why(mocker):
 
 def test_a_cancel_asked_while_the_base_is_sent_ends_the_move_before_its_disk(mocker):
     move, lay = _move(mocker, [])
-    mocker.patch("vmmgr.site_images.held", return_value=False)
+    mocker.patch("vmmgr.site_images.held", side_effect=[False, True])
     move.on_progress = mocker.Mock()
 
     def send(source, target, base, progress):
@@ -338,3 +338,54 @@ def test_a_host_that_does_not_answer_keeps_its_copy_for_the_next_pass(redis_url,
     assert reconcile.sweep_image_copies(fleet, Report()) == []
     assert set(fleet.state.image_copies()) == {"debian-12@h3"}
     assert cut.folders[FOLDER]["disk.qcow2"] == DISK[:100]
+
+
+def test_ensure_sends_from_the_first_source_that_holds_the_image_once(redis_url):
+    partial = Storage({FOLDER: {"disk.qcow2": DISK[:100]}})  # a copy cut short: no record
+    holder, target = _source(), Storage()
+    fleet = CopyFleet(redis_url, {"h1": partial, "h2": holder, "h3": target})
+    said = []
+    assert site_images.ensure(fleet, "h3", BASE, ["gone", "h1", "h3", "h2"], say=said.append) == (
+        len(DISK), hashlib.sha256(DISK).hexdigest())
+    assert said == ["h3's storage lacks the base image debian-12: sending it from h2"]
+    assert target.folders[FOLDER] == holder.folders[FOLDER]
+    assert fleet.state.image_copies() == {} and not fleet.state.holder("image-copy",
+                                                                       "debian-12@h3")
+    assert site_images.ensure(fleet, "h3", BASE, ["h2"]) is None  # there now: not again
+    with pytest.raises(VmmgrError, match="no host that answers holds the image debian-12"):
+        site_images.ensure(fleet, "h1", BASE, ["h1", "gone"])
+    assert site_images.ensure(fleet, "h1", "/srv/other.qcow2", ["h2"]) is None  # no image's
+
+
+def test_a_copy_that_fails_stays_known_for_the_sweep(redis_url):
+    fleet = CopyFleet(redis_url, {"h2": _source(), "h3": Storage(room=10)})
+    with pytest.raises(VmmgrError, match="No space left"):
+        site_images.ensure(fleet, "h3", BASE, ["h2"])
+    assert set(fleet.state.image_copies()) == {"debian-12@h3"}  # its remains, if any: swept
+    assert reconcile.sweep_image_copies(fleet, Report()) == []  # none: the copy took them
+    assert fleet.state.image_copies() == {}
+
+
+def test_a_resume_sends_the_base_before_it_loads_the_kept_disk(tmp_path, mocker):
+    import struct
+
+    from vmmgr import suspend
+    d = tmp_path / "vm1"
+    d.mkdir()
+    header = b"QFI\xfb" + struct.pack(">IQI", 3, 72, len(BASE))
+    (d / "disk.qcow2").write_bytes(header.ljust(72, b"\0") + BASE.encode())
+    (d / "disk.json").write_text(json.dumps({"sha256": "ab" * 32}))
+    fleet = mocker.Mock()
+    fleet.hosts.return_value = [SimpleNamespace(name=n) for n in ("h4", "h1", "h2", "h3")]
+    target = SimpleNamespace(name="h3", conn="h3-conn")
+    ensure = mocker.patch.object(site_images, "ensure")
+    load = mocker.patch("vmmgr.local_disks.load_from")
+    assert suspend.load_local_disk(fleet, d, target, "h1")
+    ensure.assert_called_once_with(fleet, "h3", BASE, ["h1", "h2", "h3", "h4"])  # its own first
+    load.assert_called_once_with("h3-conn", "vm1", d / "disk.qcow2", "ab" * 32)
+    load.reset_mock()
+    ensure.side_effect = VmmgrError("No space left on device")
+    with pytest.raises(VmmgrError, match="vm1 not resumed on h3: its storage lacks the base "
+                       "image .* could not receive it .*; vm1 stays suspended"):
+        suspend.load_local_disk(fleet, d, target, "h1")
+    load.assert_not_called()
