@@ -246,8 +246,8 @@ def _base_mib(fleet: Fleet, guest, target: str | None, known: dict) -> float:
         _, base = local_disks.overlay_of(guest.connection(), guest.name)
         if not site_images.is_image_disk(base):
             return 0.0
-        if (target, base) not in known:
-            known[target, base] = 0.0 if site_images.held(fleet.host(target).conn, base) else (
+        if (target, base) not in known:  # not told (a copy to it runs): counted
+            known[target, base] = 0.0 if site_images.holds(fleet, target, base) else (
                 os_images.get(fleet.paths.images, site_images.image_name(base)).size / 2**20)
         return known[target, base]
     except VmmgrError:

@@ -47,7 +47,6 @@ class VMInfo:
 
 
 IMAGE_WAIT = 60.0  # s a create waits for an image's removal or rebuild to decide (and back)
-SITE_COPY_WAIT = 1800.0  # s a move waits for another's copy of its base image to the same host
 
 
 def new_owner() -> str:
@@ -82,12 +81,6 @@ class Fleet:
         or rebuild while it checks for such disks and takes the image away. The one waits for
         the other (a create's hold is short), rather than refuse."""
         return Lease(self.state, "image", image, self.owner, what, wait=IMAGE_WAIT)
-
-    def lock_site_image(self, image: str, host: str, what: str,
-                        wait: float = SITE_COPY_WAIT) -> Lease:
-        """The copy of an OS image to a host's storage (`site_images`): one at a time. A second
-        move that needs the image there waits for the first copy, then finds it whole."""
-        return Lease(self.state, "image-copy", f"{image}@{host}", self.owner, what, wait=wait)
 
     def __enter__(self) -> "Fleet":
         return self

@@ -8,7 +8,6 @@ each poll's `JobProgress` to the caller. The destination's serial console goes t
 segment (see `console`).
 """
 
-import contextlib
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -271,6 +270,9 @@ def require_live_migratable(guest) -> None:
                        "hibernation: `vmmgr vm suspend --mode guest`, then `vmmgr vm resume`")
 
 
+CANCEL_WAIT = 10.0  # s a cancel asked before the job waits for the move to take it
+
+
 def cancel(fleet: Fleet, vm: str) -> str:
     """Abort the VM's running migration; it keeps running on the source. Returns the source."""
     sources = [g for g in fleet.find_all(vm) if g.is_persistent()]
@@ -279,13 +281,25 @@ def cancel(fleet: Fleet, vm: str) -> str:
     source = sources[0]
     if source.postcopy_phase():
         raise Conflict(f"{vm} is in post-copy: it already runs on the destination")
-    if not source.has_job():
-        if (fleet.state.holder("vm", vm) or "").split(" ", 1)[-1].startswith("migration of "):
-            fleet.state.ask_cancel(vm)  # before its job: sending the base image, which asks
-            return source.host_name
-        raise Conflict(f"VM {vm!r} has no migration in progress")
-    source.abort_job()
-    return source.host_name
+    if source.has_job():
+        source.abort_job()
+        return source.host_name
+    owner, _, what = (fleet.state.holder("vm", vm) or "").partition(" ")
+    if what.startswith("migration of "):  # before its job (sending the base image, setting up)
+        fleet.state.ask_cancel(vm, owner)
+        deadline = time.monotonic() + CANCEL_WAIT
+        while time.monotonic() < deadline:  # said cancelled only once the move took it
+            if not fleet.state.cancel_pending(vm):
+                return source.host_name
+            if source.has_job():  # its job began meanwhile: aborted as any other
+                fleet.state.drop_cancel(vm)
+                source.abort_job()
+                return source.host_name
+            if (fleet.state.holder("vm", vm) or "").partition(" ")[0] != owner:
+                break  # it ended without
+            time.sleep(0.1)
+        fleet.state.drop_cancel(vm)
+    raise Conflict(f"VM {vm!r} has no migration in progress")
 
 
 class _Migration:
@@ -345,7 +359,6 @@ class _Migration:
 
     def run(self) -> MigrationResult:
         guest = self.guest
-        self._drop_cancel()  # one asked too late for an earlier move is not this one's
         segment = console.next_segment(self.fleet.paths.consoles, guest.name, self.target)
         persistent = guest.xml(inactive=True, migratable=True)
         self.disks = local_disks.local_disks(persistent)
@@ -445,11 +458,13 @@ class _Migration:
                     disk_total_bytes=size))
 
         try:
-            sent = site_images.ensure(self.fleet, self.target, base, [self.source], progress,
-                                      self._event)
+            sent = site_images.ensure(
+                self.fleet, self.target, base, [self.source], progress, self._event,
+                lambda: self._cancelled_yet(f"while waiting for {self.target} to receive "
+                                            "its base image"))
         except MigrationCancelled:
             raise
-        except VmmgrError as err:
+        except (VmmgrError, redis.RedisError) as err:
             raise MigrationFailed(
                 f"{self._not_started()}: {self.target} lacks the base image {base} and could "
                 f"not receive it ({_words(err)}); the VM is still running on {self.source}"
@@ -470,18 +485,12 @@ class _Migration:
                 f"cancelled {when}; the VM is still running on {self.source}")
 
     def _cancel_asked(self) -> bool:
-        """Whether a cancel was asked while there was no job to abort; taken if so."""
+        """Whether a cancel was asked of this move (`cancel`, when it had no job to abort);
+        taken if so, which tells the cancel it was."""
         try:
-            asked = self.fleet.state.cancel_asked(self.guest.name)
+            return self.fleet.state.cancel_asked(self.guest.name, self.lease.owner)
         except redis.RedisError:
             return False  # nor can one be asked then
-        if asked:
-            self._drop_cancel()
-        return asked
-
-    def _drop_cancel(self) -> None:
-        with contextlib.suppress(redis.RedisError):  # it lapses by itself
-            self.fleet.state.drop_cancel(self.guest.name)
 
     def _not_started(self) -> str:
         return f"migration of {self.guest.name} from {self.source} to {self.target} not started"

@@ -130,23 +130,22 @@ def sweep_image_copies(fleet: Fleet, report) -> list[str]:
     for key, base in sorted(fleet.state.image_copies().items()):
         image, _, host = key.partition("@")
         try:
-            with fleet.lock_site_image(image, host, f"sweep of a copy of {image} to {host}",
-                                       wait=0):
-                try:
-                    conn = fleet.host(host).conn
-                except NotFound:  # the host left the fleet, and its storage with it
-                    fleet.state.image_copy_ended(image, host)
-                    continue
-                if site_images.discard_partial(conn, base):
-                    report.event(f"a copy of image {image} cut short removed from {host}",
-                                 host=host, kind="repair")
-                    swept.append(key)
-                fleet.state.image_copy_ended(image, host)
+            found = site_images.sweep(fleet, image, host, base)
+        except NotFound:  # the host left the fleet, and its storage with it
+            found = False
         except VmmgrError:
-            continue  # a copy runs, or the host does not answer: the next pass
+            continue  # it does not answer: the next pass
         except Exception as err:  # noqa: BLE001 - one copy's surprise must not end the pass
             report.event(f"a copy of image {image} to {host} not swept: {err}", host=host,
                          kind="error")
+            continue
+        if found is None:
+            continue  # a copy to that storage runs
+        if found:
+            report.event(f"a copy of image {image} cut short removed from {host}", host=host,
+                         kind="repair")
+            swept.append(key)
+        fleet.state.image_copy_ended(image, host)
     return swept
 
 

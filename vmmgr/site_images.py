@@ -9,24 +9,30 @@ image's folder that lives only for the copy.
 The disk goes first and `image.json` last: the record is what makes a copy whole. An image
 without it is not listed, a move never lays a disk over it (a copy cut short has a valid qcow2
 header over a missing tail), and the next copy makes it again from the start. What was sent
-must have the SHA-256 the image was recorded with at its import or build, and the file on the
-target its size; anything else is removed. (No read-back: it would come from the target's page
+must have the SHA-256 the image was recorded with at its import or build; anything else is
+removed. (No read-back: it would come from the target's page
 cache, and cross the WAN a second time.) A copy that fails leaves nothing on the target: its
 files, and the folder if the copy made it.
 """
 
 import contextlib
 import json
-from collections.abc import Iterator
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import PurePosixPath
 from xml.sax.saxutils import escape
 
 import libvirt
 
 from . import local_disks
-from .errors import VmmgrError
+from .errors import Conflict, VmmgrError
 from .libvirt_errors import translated
+from .locks import Lease
 from .os_images import DISK, META
+
+COPY_WAIT = 1800.0  # s a move waits for another's copy of its image to the same storage
+SOURCE_WAIT = 30.0  # s a copy waits to read a source (two copies crossing each other give up)
 
 
 class NoFolder(VmmgrError):
@@ -60,9 +66,11 @@ def volume_xml(name: str, size: int) -> str:
 
 @contextlib.contextmanager
 def _folder(conn: libvirt.virConnect, base: str, make: bool) -> Iterator[libvirt.virStoragePool]:
-    """A pool over the image's folder on this host, for as long as the block runs. `make`:
-    build the folder if the host's storage lacks it, and take it away again if the block
-    fails (it holds nothing then)."""
+    """A pool over the image's folder on this host, for as long as the block runs; only under
+    the folder's lock (`_lock`): libvirt allows one pool per path on a host, so one of the same
+    name found here was left by a holder that died. `make`: build the folder if the host's
+    storage lacks it (libvirt makes any missing folder above it too), and take it away again if
+    the block fails (it holds nothing then)."""
     folder = str(PurePosixPath(base).parent)
     name = f"vmmgr-image-{image_name(base)}"
     with translated("the image's folder"):
@@ -88,6 +96,7 @@ def _folder(conn: libvirt.virConnect, base: str, make: bool) -> Iterator[libvirt
         if made:
             with contextlib.suppress(libvirt.libvirtError):
                 pool.destroy()
+            with contextlib.suppress(libvirt.libvirtError):
                 pool.delete(0)  # the folder, empty by now
         raise
     finally:
@@ -108,37 +117,111 @@ def _volume(pool: libvirt.virStoragePool, name: str) -> libvirt.virStorageVol | 
 
 def held(conn: libvirt.virConnect, base: str) -> bool:
     """Whether this host's storage holds the image whole: its disk and, written last, its
-    record."""
+    record. Only under the folder's lock. Raises when that cannot be told (a host that does
+    not answer is not one that lacks it)."""
     try:
         with _folder(conn, base, make=False) as pool, translated("the image's folder"):
             return _volume(pool, DISK) is not None and _volume(pool, META) is not None
-    except VmmgrError:  # no such folder on this host (any other trouble shows in the copy)
+    except NoFolder:
         return False
 
 
 def ensure(fleet, target: str, base: str, sources: list[str], progress=None,
-           say=lambda message: None) -> tuple[int, str] | None:
+           say=lambda message: None,
+           should_stop: Callable[[], None] = lambda: None) -> tuple[int, str] | None:
     """Make the target host's storage hold the OS image at `base`, sent from the first of
-    `sources` that holds it whole, unless the target does. Asked under the copy's lock, so a
-    second move that needs it waits for the first one's copy, then finds it there; each time,
-    as a copy cut short leaves a disk no overlay may be laid on. Known in the store from the
-    copy's start until it ends well (`reconcile.sweep_image_copies`). Returns the size and
-    SHA-256 sent, or None if nothing had to be; a base that is no OS image's: None."""
+    `sources` that holds it whole, unless the target does. Asked under the folder's lock, so a
+    second move that needs it waits for the first one's copy (calling `should_stop`, which may
+    raise, while it waits), then finds it there; and each time, as a copy cut short leaves a
+    disk no overlay may be laid on. Known in the store from the copy's start until it ends well
+    (`sweep`). Returns the size and SHA-256 sent, or None if nothing had to be; a base that is
+    no OS image's: None."""
     if not is_image_disk(base):
         return None  # laying the disk says whether the target sees it
     image = image_name(base)
-    dest = fleet.host(target).conn
-    with fleet.lock_site_image(image, target, f"copy of image {image} to {target}"):
+    with _lock(fleet, image, target, f"copy of image {image} to {target}", COPY_WAIT,
+               should_stop):
+        dest = fleet.host(target).conn
         if held(dest, base):
             return None
-        source = next((h for h in sources if h != target and _holds(fleet, h, base)), None)
-        if source is None:
-            raise VmmgrError(f"no host that answers holds the image {image} whole to send it")
-        say(f"{target}'s storage lacks the base image {image}: sending it from {source}")
-        fleet.state.image_copy_started(image, target, base)
-        sent = send(fleet.host(source).conn, dest, base, progress)
-        fleet.state.image_copy_ended(image, target)
-        return sent
+        for source in sources:
+            if storage_of(fleet, source) == storage_of(fleet, target):
+                continue  # the same storage: it lacks the image too
+            try:
+                reading = _lock(fleet, image, source, f"read of image {image} on {source}",
+                                SOURCE_WAIT, should_stop)
+                lease = reading.__enter__()
+            except Conflict:
+                continue  # busy that long (a copy to it): another source
+            try:
+                lease.check()
+                if not _holds(fleet, source, base):
+                    continue
+                say(f"{target}'s storage lacks the base image {image}: sending it from {source}")
+                fleet.state.image_copy_started(image, target, base)
+                sent = send(fleet.host(source).conn, dest, base, progress)
+                fleet.state.image_copy_ended(image, target)
+                return sent
+            finally:
+                reading.__exit__(None, None, None)
+        raise VmmgrError(f"no host that answers holds the image {image} whole to send it")
+
+
+def storage_of(fleet, host: str) -> str:
+    """What a host's images are on: its site's storage, shared by the site's hosts (a host of
+    no named site: its own)."""
+    site = fleet.sites().get(host, "")
+    return f"site {site}" if site else f"host {host}"
+
+
+@contextlib.contextmanager
+def _lock(fleet, image: str, host: str, what: str, wait: float,
+          should_stop: Callable[[], None] = lambda: None) -> Iterator[Lease]:
+    """The lock over the image's folder on the host's storage, held for every pool made over
+    it (a probe, a copy, a sweep). Its owner is this call's alone: two moves of one task (a
+    reclaim's threads) must not share it as a nested lease."""
+    lease = Lease(fleet.state, "image-copy", f"{image}@{storage_of(fleet, host)}",
+                  f"{fleet.owner}/{uuid.uuid4().hex[:8]}", what)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            lease.__enter__()
+            break
+        except Conflict:
+            if time.monotonic() >= deadline:
+                raise
+            should_stop()
+            time.sleep(0.5)
+    try:
+        yield lease
+    finally:
+        lease.__exit__(None, None, None)
+
+
+def holds(fleet, host: str, base: str) -> bool | None:
+    """Whether the host's storage holds the image, asked at once under the folder's lock;
+    None when that cannot be told now (a copy to it runs, or it does not answer)."""
+    image = image_name(base)
+    try:
+        with _lock(fleet, image, host, f"look for image {image} on {host}", 0):
+            return held(fleet.host(host).conn, base)
+    except VmmgrError:
+        return None
+
+
+def sweep(fleet, image: str, host: str, base: str) -> bool | None:
+    """Remove what a copy to the host cut short left there, unless a copy runs (None: not
+    now); whether there was something."""
+    try:
+        lock = _lock(fleet, image, host, f"sweep of a copy of {image} to {host}", 0)
+        lease = lock.__enter__()
+    except Conflict:
+        return None
+    try:
+        lease.check()
+        return discard_partial(fleet.host(host).conn, base)
+    finally:
+        lock.__exit__(None, None, None)
 
 
 def _holds(fleet, host: str, base: str) -> bool:
@@ -164,8 +247,9 @@ def discard_partial(conn: libvirt.virConnect, base: str) -> bool:
 
 def send(source: libvirt.virConnect, target: libvirt.virConnect, base: str,
          progress: local_disks.Progress | None = None) -> tuple[int, str]:
-    """Copy the image at `base` from the source host's storage to the target host's; returns
-    its size and SHA-256, checked on the target against the image's record."""
+    """Copy the image at `base` from the source host's storage to the target host's (under
+    both folders' locks); returns its size and SHA-256, checked against the image's record.
+    An image already whole on the target is never touched."""
     what = f"base image {image_name(base)}"
     with _folder(source, base, make=False) as src:
         with translated(f"reading the {what}"):
@@ -177,10 +261,11 @@ def send(source: libvirt.virConnect, target: libvirt.virConnect, base: str,
             raise VmmgrError(f"the {what}'s record is unreadable: not sent") from err
         size = local_disks.size_of(disk)
         with _folder(target, base, make=True) as dst:
-            for name in (META, DISK):  # a copy cut short: made again, from the start
-                with translated(f"an earlier copy of the {what}"):
-                    if (old := _volume(dst, name)) is not None:
-                        old.delete(0)
+            with translated(f"an earlier copy of the {what}"):
+                if _volume(dst, META) is not None:
+                    return size, recorded  # whole already: never taken away here
+                if (old := _volume(dst, DISK)) is not None:
+                    old.delete(0)  # a copy cut short: made again, from the start
             try:
                 # closed on a failed write: that ends the read on the source too
                 with contextlib.closing(local_disks.chunks_of(source, disk)) as chunks:
@@ -189,13 +274,9 @@ def send(source: libvirt.virConnect, target: libvirt.virConnect, base: str,
                     raise VmmgrError(f"the {what} sent does not match its record (sha256 "
                                      f"{sent[:12]}, recorded {recorded[:12]}): the source's "
                                      "copy is damaged")
-                with translated(f"the {what} on the target"):
-                    held_size = local_disks.size_of(dst.storageVolLookupByName(DISK))
-                if held_size != size:
-                    raise VmmgrError(f"the {what}: {held_size} of {size} bytes on the target")
                 _write(target, dst, META, len(meta), iter([meta]), None, what)
             except BaseException:
-                for name in (META, DISK):
+                for name in (META, DISK):  # both this copy's own
                     with contextlib.suppress(libvirt.libvirtError):
                         if (vol := _volume(dst, name)) is not None:
                             vol.delete(0)

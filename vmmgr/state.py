@@ -337,10 +337,17 @@ class FleetState:
 
     # ---- a cancel asked of a move before its libvirt job (a base image being sent) ----------
 
-    def ask_cancel(self, vm: str, ttl: int = 60) -> None:
-        self.r.set(P + f"cancel:{vm}", "1", ex=ttl)
+    def ask_cancel(self, vm: str, owner: str, ttl: int = 60) -> None:
+        """Ask the move that `owner` (its lock's holder) runs to end."""
+        self.r.set(P + f"cancel:{vm}", owner, ex=ttl)
 
-    def cancel_asked(self, vm: str) -> bool:
+    def cancel_asked(self, vm: str, owner: str) -> bool:
+        """Whether a cancel was asked of this owner's move; taken (deleted) if so."""
+        return bool(self.r.eval(
+            "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) "
+            "end return 0", 1, P + f"cancel:{vm}", owner))
+
+    def cancel_pending(self, vm: str) -> bool:
         return bool(self.r.exists(P + f"cancel:{vm}"))
 
     def drop_cancel(self, vm: str) -> None:

@@ -6,6 +6,7 @@ sends a real image between real libvirtds."""
 
 import hashlib
 import json
+import time
 import xml.etree.ElementTree as ET
 from types import SimpleNamespace
 
@@ -15,7 +16,6 @@ import pytest
 from vmmgr import policy as pol, reconcile, site_images
 from vmmgr.display import progress_line
 from vmmgr.errors import Conflict, MigrationFailed, NotFound, VmmgrError
-from vmmgr.fleet import Fleet
 from vmmgr.migration import JobProgress, MigrationCancelled, _Migration
 from vmmgr.state import FleetState
 
@@ -201,6 +201,7 @@ def test_the_progress_line_names_the_base_phase():
 
 def _move(mocker, lay_errors):
     fleet, guest = mocker.MagicMock(), mocker.Mock(host_name="h1")
+    fleet.sites.return_value = {}  # each host its own storage
     guest.name = "vm1"
     move = _Migration(fleet, guest, "h3", pol.get_policy("balanced"), None, 0.1,
                       mocker.Mock(lost=False))
@@ -218,7 +219,10 @@ def test_a_move_sends_the_base_then_lays_the_disk(mocker):
     move._lay_target_disk()
     assert send.call_count == 1 and lay.call_count == 1
     assert any("base image debian-12 sent to h3: 800 MiB" in e for e in move.events)
-    move.fleet.lock_site_image.assert_called_once()  # one copy per image and host at a time
+    # one copy per image and storage at a time, in a lock of its own (not the task's)
+    [lock] = [c.args for c in move.fleet.state.acquire.call_args_list
+              if c.args[:2] == ("image-copy", "debian-12@host h3")]
+    assert lock[2].startswith(f"{move.fleet.owner}/")
     move.fleet.state.image_copy_started.assert_called_once_with("debian-12", "h3", BASE)
     move.fleet.state.image_copy_ended.assert_called_once_with("debian-12", "h3")
 
@@ -268,35 +272,61 @@ def test_a_cancel_asked_while_the_base_is_sent_ends_the_move_before_its_disk(moc
                        "the VM is still running on h1"):
         move._lay_target_disk()
     lay.assert_not_called()  # the disk was never laid over it
-    move.fleet.state.drop_cancel.assert_called_with("vm1")  # taken: the next move is not cancelled
+    move.fleet.state.cancel_asked.assert_called_with("vm1", move.lease.owner)  # this move's
     assert move.on_progress.call_args_list[0].args[0].phase == "base"
 
 
-def test_cancel_before_the_job_asks_the_move_only_while_a_migration_holds_the_vm(mocker):
-    from vmmgr import migration
+def test_cancel_before_the_job_is_said_done_only_once_the_move_took_it(mocker, redis_url):
+    import threading
 
+    from vmmgr import migration
+    mocker.patch.object(migration, "CANCEL_WAIT", 1.0)
     fleet = mocker.Mock()
+    fleet.state = state = FleetState(redis_url)
     source = mocker.Mock(host_name="h1")
     source.postcopy_phase.return_value = None
     source.has_job.return_value = False
     fleet.find_all.return_value = [source]
-    fleet.state.holder.return_value = "task-1 migration of vm1 to h3"
+    state.acquire("vm", "vm1", "task-1", "migration of vm1 to h3", ttl=30)
+    took = []
+
+    def the_move():  # sending its base image: it asks at each MiB
+        while not took:
+            if state.cancel_asked("vm1", "task-1"):
+                took.append(True)
+            time.sleep(0.02)
+
+    mover = threading.Thread(target=the_move)
+    mover.start()
     assert migration.cancel(fleet, "vm1") == "h1"
-    fleet.state.ask_cancel.assert_called_once_with("vm1")
-    fleet.state.ask_cancel.reset_mock()
-    for holder in ("task-2 suspend of vm1", None):
-        fleet.state.holder.return_value = holder
+    mover.join(2)
+    assert took and not state.cancel_pending("vm1")
+    # a move that ends without taking it (or never looks): refused, and nothing left asked
+    with pytest.raises(Conflict, match="no migration in progress"):
+        migration.cancel(fleet, "vm1")
+    assert not state.cancel_pending("vm1")
+    assert not state.cancel_asked("vm1", "task-2")  # another owner's ask is not this one's
+    state.ask_cancel("vm1", "task-1")
+    assert not state.cancel_asked("vm1", "task-2") and state.cancel_asked("vm1", "task-1")
+    state.release("vm", "vm1", "task-1")
+    for holder in ("suspend of vm1", None):
+        if holder:
+            state.acquire("vm", "vm1", "task-3", holder, ttl=30)
         with pytest.raises(Conflict, match="no migration in progress"):
             migration.cancel(fleet, "vm1")
-    fleet.state.ask_cancel.assert_not_called()
+        assert not state.cancel_pending("vm1")
+        state.release("vm", "vm1", "task-3")
 
 
 class CopyFleet:
-    """What the copy sweep uses of a fleet: the store (real Redis), its locks, the hosts."""
-    lock_site_image = Fleet.lock_site_image
+    """What copies use of a fleet: the store (real Redis, its locks), the hosts and sites."""
 
-    def __init__(self, redis_url, hosts):
+    def __init__(self, redis_url, hosts, sites=None):
         self.state, self.owner, self._hosts = FleetState(redis_url), "reconcile-test", hosts
+        self._sites = sites or {}
+
+    def sites(self):
+        return dict(self._sites)
 
     def host(self, name):
         if name not in self._hosts:
@@ -318,11 +348,11 @@ def test_a_copy_cut_short_is_swept_once_no_one_holds_it(redis_url):
     fleet, report = CopyFleet(redis_url, {"h1": whole, "h3": cut}), Report()
     for host in ("h1", "h3", "gone"):
         fleet.state.image_copy_started("debian-12", host, BASE)
-    fleet.state.acquire("image-copy", "debian-12@h3", "task-9", "copy of image", ttl=30)
+    fleet.state.acquire("image-copy", "debian-12@host h3", "task-9", "copy of image", ttl=30)
     assert reconcile.sweep_image_copies(fleet, report) == []  # h3's copy still runs
     assert set(fleet.state.image_copies()) == {"debian-12@h3"}
     assert whole.folders[FOLDER]["disk.qcow2"] == DISK  # an image with its record stays
-    fleet.state.release("image-copy", "debian-12@h3", "task-9")
+    fleet.state.release("image-copy", "debian-12@host h3", "task-9")
     assert reconcile.sweep_image_copies(fleet, report) == ["debian-12@h3"]
     assert cut.folders[FOLDER] == {} and not cut.pools
     assert report.events == ["a copy of image debian-12 cut short removed from h3"]
@@ -350,7 +380,7 @@ def test_ensure_sends_from_the_first_source_that_holds_the_image_once(redis_url)
     assert said == ["h3's storage lacks the base image debian-12: sending it from h2"]
     assert target.folders[FOLDER] == holder.folders[FOLDER]
     assert fleet.state.image_copies() == {} and not fleet.state.holder("image-copy",
-                                                                       "debian-12@h3")
+                                                                       "debian-12@host h3")
     assert site_images.ensure(fleet, "h3", BASE, ["h2"]) is None  # there now: not again
     with pytest.raises(VmmgrError, match="no host that answers holds the image debian-12"):
         site_images.ensure(fleet, "h1", BASE, ["h1", "gone"])
@@ -389,3 +419,43 @@ def test_a_resume_sends_the_base_before_it_loads_the_kept_disk(tmp_path, mocker)
                        "image .* could not receive it .*; vm1 stays suspended"):
         suspend.load_local_disk(fleet, d, target, "h1")
     load.assert_not_called()
+
+
+def test_two_moves_of_one_task_never_share_the_folders_lock(redis_url):
+    fleet = CopyFleet(redis_url, {}, sites={"h1": "east", "h2": "east", "h3": "west"})
+    with site_images._lock(fleet, "debian-12", "h1", "copy", 0):
+        for host in ("h1", "h2"):  # the same owner (one task), the same storage (one site)
+            with pytest.raises(Conflict):
+                with site_images._lock(fleet, "debian-12", host, "copy", 0):
+                    pass
+        with site_images._lock(fleet, "debian-12", "h3", "copy", 0):
+            pass  # another site's storage: its own lock
+    assert site_images.storage_of(fleet, "h2") == "site east"
+    assert site_images.storage_of(fleet, "h9") == "host h9"  # no site named: its own
+
+
+def test_a_whole_image_is_never_taken_away_and_a_silent_host_is_not_one_that_lacks_it(
+        redis_url, mocker):
+    source, target = _source(), _source()
+    target.folders[FOLDER]["disk.qcow2"] = b"what the site's VMs were laid on"
+    assert site_images.send(source, target, BASE) == (len(DISK), hashlib.sha256(DISK).hexdigest())
+    assert target.folders[FOLDER]["disk.qcow2"] == b"what the site's VMs were laid on"
+    mocker.patch.object(target, "storagePoolDefineXML",
+                        side_effect=_err(libvirt.VIR_ERR_SYSTEM_ERROR, "connection closed"))
+    with pytest.raises(VmmgrError, match="connection closed"):
+        site_images.held(target, BASE)
+    fleet = CopyFleet(redis_url, {"h2": _source(), "h3": target})
+    with pytest.raises(VmmgrError, match="connection closed"):
+        site_images.ensure(fleet, "h3", BASE, ["h2"])  # refused, nothing sent or removed
+    assert fleet.state.image_copies() == {}
+    assert site_images.holds(fleet, "h3", BASE) is None  # the planner: cannot be told
+
+
+def test_a_source_on_the_targets_own_storage_is_no_source(redis_url):
+    other = b"another build" * 10  # were h1 read (it is not: it is h3's own storage)
+    h1 = Storage({FOLDER: {"disk.qcow2": other, "image.json": json.dumps(
+        {"sha256": hashlib.sha256(other).hexdigest()}).encode()}})
+    fleet = CopyFleet(redis_url, {"h1": h1, "h2": _source(), "h3": Storage()},
+                      sites={"h1": "west", "h2": "east", "h3": "west"})
+    site_images.ensure(fleet, "h3", BASE, ["h1", "h2"])
+    assert fleet._hosts["h3"].folders[FOLDER]["disk.qcow2"] == DISK
