@@ -12,7 +12,7 @@ from dataclasses import asdict
 from . import local_disks, metrics, operations, reclaim, site_images, suspend as suspension
 from .addresses import pool_for
 from .edge import Edge
-from .errors import NotFound, VmmgrError
+from .errors import VmmgrError
 from .fleet import Fleet
 from .guest import read_each
 
@@ -131,8 +131,6 @@ def sweep_image_copies(fleet: Fleet, report) -> list[str]:
         image, _, host = key.partition("@")
         try:
             found = site_images.sweep(fleet, image, host, base)
-        except NotFound:  # the host left the fleet, and its storage with it
-            found = False
         except VmmgrError:
             continue  # it does not answer: the next pass
         except Exception as err:  # noqa: BLE001 - one copy's surprise must not end the pass
@@ -145,7 +143,6 @@ def sweep_image_copies(fleet: Fleet, report) -> list[str]:
             report.event(f"a copy of image {image} cut short removed from {host}", host=host,
                          kind="repair")
             swept.append(key)
-        fleet.state.image_copy_ended(image, host)
     return swept
 
 

@@ -24,9 +24,10 @@ from pathlib import PurePosixPath
 from xml.sax.saxutils import escape
 
 import libvirt
+import redis
 
 from . import local_disks
-from .errors import Conflict, VmmgrError
+from .errors import Conflict, NotFound, VmmgrError
 from .libvirt_errors import translated
 from .locks import Lease
 from .os_images import DISK, META
@@ -115,55 +116,82 @@ def _volume(pool: libvirt.virStoragePool, name: str) -> libvirt.virStorageVol | 
         raise
 
 
-def held(conn: libvirt.virConnect, base: str) -> bool:
-    """Whether this host's storage holds the image whole: its disk and, written last, its
-    record. Only under the folder's lock. Raises when that cannot be told (a host that does
-    not answer is not one that lacks it)."""
+def record(conn: libvirt.virConnect, base: str) -> dict | None:
+    """The image's record (`image.json`) on this host's storage when the storage holds it whole:
+    its disk, and its record written last; None when it does not. Only under the folder's
+    lock. Raises when that cannot be told (a host that does not answer is not one that lacks
+    it)."""
     try:
         with _folder(conn, base, make=False) as pool, translated("the image's folder"):
-            return _volume(pool, DISK) is not None and _volume(pool, META) is not None
+            if _volume(pool, DISK) is None or (meta := _volume(pool, META)) is None:
+                return None
+            data = b"".join(local_disks.chunks_of(conn, meta))
     except NoFolder:
-        return False
+        return None
+    try:
+        return dict(json.loads(data))
+    except (ValueError, TypeError) as err:
+        raise VmmgrError(f"the record of the image at {base} is unreadable") from err
+
+
+def held(conn: libvirt.virConnect, base: str) -> bool:
+    """Whether this host's storage holds the image whole (see `record`)."""
+    return record(conn, base) is not None
 
 
 def ensure(fleet, target: str, base: str, sources: list[str], progress=None,
            say=lambda message: None,
            should_stop: Callable[[], None] = lambda: None) -> tuple[int, str] | None:
     """Make the target host's storage hold the OS image at `base`, sent from the first of
-    `sources` that holds it whole, unless the target does. Asked under the folder's lock, so a
-    second move that needs it waits for the first one's copy (calling `should_stop`, which may
-    raise, while it waits), then finds it there; and each time, as a copy cut short leaves a
-    disk no overlay may be laid on. Known in the store from the copy's start until it ends well
-    (`sweep`). Returns the size and SHA-256 sent, or None if nothing had to be; a base that is
-    no OS image's: None."""
+    `sources` that holds it whole, unless the target holds the same image (its record's SHA-256
+    that of the source's; a different build under the name is refused, never used). Asked
+    under the folder's lock, so a second move that needs it waits for the first one's copy
+    (calling `should_stop`, which may raise, while it waits), then finds it there; and each
+    time, as a copy cut short leaves a disk no overlay may be laid on. Known in the store from
+    the copy's start until it ends well (`sweep`). Returns the size and SHA-256 sent, or None
+    if nothing had to be; a base that is no OS image's: None."""
     if not is_image_disk(base):
         return None  # laying the disk says whether the target sees it
     image = image_name(base)
     with _lock(fleet, image, target, f"copy of image {image} to {target}", COPY_WAIT,
-               should_stop):
+               should_stop) as copying:
         dest = fleet.host(target).conn
-        if held(dest, base):
-            return None
+        there = record(dest, base)
         for source in sources:
             if storage_of(fleet, source) == storage_of(fleet, target):
-                continue  # the same storage: it lacks the image too
-            try:
+                continue  # the same storage: the same answer
+            try:  # readers wait for each other; a copy to that storage is given up at once
                 reading = _lock(fleet, image, source, f"read of image {image} on {source}",
-                                SOURCE_WAIT, should_stop)
+                                COPY_WAIT, should_stop, unless_copying=True)
                 lease = reading.__enter__()
             except Conflict:
-                continue  # busy that long (a copy to it): another source
+                continue
             try:
-                lease.check()
-                if not _holds(fleet, source, base):
+                def check() -> None:  # both locks still ours, or nothing more is written
+                    copying.check()
+                    lease.check()
+
+                check()
+                theirs = _record_or_none(fleet, source, base)
+                if theirs is None:
                     continue
+                if there is not None:
+                    if there.get("sha256") != theirs.get("sha256"):
+                        raise VmmgrError(
+                            f"{target}'s storage holds another image {image} (sha256 "
+                            f"{str(there.get('sha256'))[:12]}) than {source}'s (sha256 "
+                            f"{str(theirs.get('sha256'))[:12]}): not used")
+                    return None
                 say(f"{target}'s storage lacks the base image {image}: sending it from {source}")
                 fleet.state.image_copy_started(image, target, base)
-                sent = send(fleet.host(source).conn, dest, base, progress)
-                fleet.state.image_copy_ended(image, target)
+                sent = send(fleet.host(source).conn, dest, base, progress, check)
+                with contextlib.suppress(redis.RedisError):  # the sweep finds it whole, then
+                    fleet.state.image_copy_ended(image, target)
                 return sent
             finally:
                 reading.__exit__(None, None, None)
+        if there is not None:
+            return None  # no host to compare it with: the target's own stands
         raise VmmgrError(f"no host that answers holds the image {image} whole to send it")
 
 
@@ -176,19 +204,24 @@ def storage_of(fleet, host: str) -> str:
 
 @contextlib.contextmanager
 def _lock(fleet, image: str, host: str, what: str, wait: float,
-          should_stop: Callable[[], None] = lambda: None) -> Iterator[Lease]:
+          should_stop: Callable[[], None] = lambda: None,
+          unless_copying: bool = False) -> Iterator[Lease]:
     """The lock over the image's folder on the host's storage, held for every pool made over
     it (a probe, a copy, a sweep). Its owner is this call's alone: two moves of one task (a
-    reclaim's threads) must not share it as a nested lease."""
-    lease = Lease(fleet.state, "image-copy", f"{image}@{storage_of(fleet, host)}",
-                  f"{fleet.owner}/{uuid.uuid4().hex[:8]}", what)
+    reclaim's threads) must not share it as a nested lease. `unless_copying`: given up at once
+    while a copy to that storage holds it (two copies crossing each other would wait on each
+    other)."""
+    key = f"{image}@{storage_of(fleet, host)}"
+    lease = Lease(fleet.state, "image-copy", key, f"{fleet.owner}/{uuid.uuid4().hex[:8]}", what)
     deadline = time.monotonic() + wait
     while True:
         try:
             lease.__enter__()
             break
         except Conflict:
-            if time.monotonic() >= deadline:
+            holder = (fleet.state.holder("image-copy", key) or "").partition(" ")[2]
+            if time.monotonic() >= deadline or (unless_copying
+                                                and holder.startswith("copy of image")):
                 raise
             should_stop()
             time.sleep(0.5)
@@ -205,13 +238,13 @@ def holds(fleet, host: str, base: str) -> bool | None:
     try:
         with _lock(fleet, image, host, f"look for image {image} on {host}", 0):
             return held(fleet.host(host).conn, base)
-    except VmmgrError:
+    except (VmmgrError, redis.RedisError):
         return None
 
 
 def sweep(fleet, image: str, host: str, base: str) -> bool | None:
-    """Remove what a copy to the host cut short left there, unless a copy runs (None: not
-    now); whether there was something."""
+    """Remove what a copy to the host cut short left there, and forget the copy, unless a copy
+    to that storage runs (None: not now); whether there was something."""
     try:
         lock = _lock(fleet, image, host, f"sweep of a copy of {image} to {host}", 0)
         lease = lock.__enter__()
@@ -219,16 +252,22 @@ def sweep(fleet, image: str, host: str, base: str) -> bool | None:
         return None
     try:
         lease.check()
-        return discard_partial(fleet.host(host).conn, base)
+        try:
+            found = discard_partial(fleet.host(host).conn, base)
+        except NotFound:  # the host left the fleet, and its storage with it
+            found = False
+        lease.check()
+        fleet.state.image_copy_ended(image, host)  # under the lock: not a copy begun since
+        return found
     finally:
         lock.__exit__(None, None, None)
 
 
-def _holds(fleet, host: str, base: str) -> bool:
+def _record_or_none(fleet, host: str, base: str) -> dict | None:
     try:
-        return held(fleet.host(host).conn, base)
+        return record(fleet.host(host).conn, base)
     except VmmgrError:  # a host that left the fleet, or does not answer
-        return False
+        return None
 
 
 def discard_partial(conn: libvirt.virConnect, base: str) -> bool:
@@ -246,10 +285,12 @@ def discard_partial(conn: libvirt.virConnect, base: str) -> bool:
 
 
 def send(source: libvirt.virConnect, target: libvirt.virConnect, base: str,
-         progress: local_disks.Progress | None = None) -> tuple[int, str]:
+         progress: local_disks.Progress | None = None,
+         check: Callable[[], None] = lambda: None) -> tuple[int, str]:
     """Copy the image at `base` from the source host's storage to the target host's (under
-    both folders' locks); returns its size and SHA-256, checked against the image's record.
-    An image already whole on the target is never touched."""
+    both folders' locks, which `check` raises once lost: from then on nothing more is written
+    or removed, as another copy may own the folder); returns its size and SHA-256, checked
+    against the image's record. An image already whole on the target is never touched."""
     what = f"base image {image_name(base)}"
     with _folder(source, base, make=False) as src:
         with translated(f"reading the {what}"):
@@ -265,23 +306,39 @@ def send(source: libvirt.virConnect, target: libvirt.virConnect, base: str,
                 if _volume(dst, META) is not None:
                     return size, recorded  # whole already: never taken away here
                 if (old := _volume(dst, DISK)) is not None:
+                    check()
                     old.delete(0)  # a copy cut short: made again, from the start
             try:
+                def checked(done: int, total: int) -> None:
+                    check()
+                    if progress:
+                        progress(done, total)
+
                 # closed on a failed write: that ends the read on the source too
                 with contextlib.closing(local_disks.chunks_of(source, disk)) as chunks:
-                    sent = _write(target, dst, DISK, size, chunks, progress, what)
+                    sent = _write(target, dst, DISK, size, chunks, checked, what)
                 if sent != recorded:
                     raise VmmgrError(f"the {what} sent does not match its record (sha256 "
                                      f"{sent[:12]}, recorded {recorded[:12]}): the source's "
                                      "copy is damaged")
+                check()
                 _write(target, dst, META, len(meta), iter([meta]), None, what)
             except BaseException:
-                for name in (META, DISK):  # both this copy's own
-                    with contextlib.suppress(libvirt.libvirtError):
-                        if (vol := _volume(dst, name)) is not None:
-                            vol.delete(0)
+                if _still_ours(check):  # else they may be another copy's by now
+                    for name in (META, DISK):  # both this copy's own
+                        with contextlib.suppress(libvirt.libvirtError):
+                            if (vol := _volume(dst, name)) is not None:
+                                vol.delete(0)
                 raise
     return size, recorded
+
+
+def _still_ours(check: Callable[[], None]) -> bool:
+    try:
+        check()
+        return True
+    except VmmgrError:
+        return False
 
 
 def _write(conn: libvirt.virConnect, pool: libvirt.virStoragePool, name: str, size: int,

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import libvirt
 import pytest
+import redis
 
 from vmmgr import policy as pol, reconcile, site_images
 from vmmgr.display import progress_line
@@ -22,6 +23,7 @@ from vmmgr.state import FleetState
 BASE = "/srv/images/os/debian-12/disk.qcow2"
 FOLDER = "/srv/images/os/debian-12"
 DISK = b"qcow2 image bytes " * 5000
+RECORD = {"name": "debian-12", "sha256": hashlib.sha256(DISK).hexdigest()}
 
 
 def _err(code: int, text: str = "libvirt says no") -> libvirt.libvirtError:
@@ -74,7 +76,9 @@ class Pool:
         self.active = False
 
     def delete(self, flags):
-        assert not self.active and not self.host.folders[self.path]
+        assert not self.active
+        if self.host.folders[self.path]:  # rmdir
+            raise _err(libvirt.VIR_ERR_OPERATION_FAILED, "Directory not empty")
         del self.host.folders[self.path]
 
     def undefine(self):
@@ -214,7 +218,7 @@ def _move(mocker, lay_errors):
 
 def test_a_move_sends_the_base_then_lays_the_disk(mocker):
     move, lay = _move(mocker, ["/p"])
-    mocker.patch("vmmgr.site_images.held", side_effect=[False, True])  # the target, the source
+    mocker.patch("vmmgr.site_images.record", side_effect=[None, RECORD])  # target, source
     send = mocker.patch("vmmgr.site_images.send", return_value=(800 * 2**20, "ab" * 32))
     move._lay_target_disk()
     assert send.call_count == 1 and lay.call_count == 1
@@ -229,7 +233,7 @@ def test_a_move_sends_the_base_then_lays_the_disk(mocker):
 
 def test_a_move_to_a_site_that_cannot_receive_the_base_is_refused(mocker):
     move, lay = _move(mocker, [])
-    mocker.patch("vmmgr.site_images.held", side_effect=[False, True])
+    mocker.patch("vmmgr.site_images.record", side_effect=[None, RECORD])
     mocker.patch("vmmgr.site_images.send", side_effect=VmmgrError("No space left on device"))
     with pytest.raises(MigrationFailed, match="h3 lacks the base image .* could not receive it "
                        r"\(.*No space left on device\); the VM is still running on h1"):
@@ -241,7 +245,7 @@ def test_a_move_to_a_site_that_cannot_receive_the_base_is_refused(mocker):
 def test_a_base_that_is_no_images_disk_is_never_sent(mocker):
     move, lay = _move(mocker, ["/p"])
     mocker.patch("vmmgr.local_disks.overlay_of", return_value=(2**30, "/srv/other/base.qcow2"))
-    held = mocker.patch("vmmgr.site_images.held")
+    held = mocker.patch("vmmgr.site_images.record")
     move._lay_target_disk()
     held.assert_not_called()
     lay.assert_called_once()
@@ -249,7 +253,7 @@ def test_a_base_that_is_no_images_disk_is_never_sent(mocker):
 
 def test_a_base_already_there_is_not_sent_and_a_refusal_to_lay_says_why(mocker):
     move, lay = _move(mocker, [VmmgrError("permission denied")])
-    mocker.patch("vmmgr.site_images.held", return_value=True)
+    mocker.patch("vmmgr.site_images.record", return_value=RECORD)  # the same on both
     send = mocker.patch("vmmgr.site_images.send")
     with pytest.raises(MigrationFailed, match="h3 cannot lay the local disk over its base image"):
         move._lay_target_disk()
@@ -258,10 +262,10 @@ def test_a_base_already_there_is_not_sent_and_a_refusal_to_lay_says_why(mocker):
 
 def test_a_cancel_asked_while_the_base_is_sent_ends_the_move_before_its_disk(mocker):
     move, lay = _move(mocker, [])
-    mocker.patch("vmmgr.site_images.held", side_effect=[False, True])
+    mocker.patch("vmmgr.site_images.record", side_effect=[None, RECORD])
     move.on_progress = mocker.Mock()
 
-    def send(source, target, base, progress):
+    def send(source, target, base, progress, check):
         progress(2**20, 800 * 2**20)
         move.fleet.state.cancel_asked.return_value = True  # `vmmgr migrate cancel` now
         progress(800 * 2**20, 800 * 2**20)
@@ -459,3 +463,55 @@ def test_a_source_on_the_targets_own_storage_is_no_source(redis_url):
                       sites={"h1": "west", "h2": "east", "h3": "west"})
     site_images.ensure(fleet, "h3", BASE, ["h1", "h2"])
     assert fleet._hosts["h3"].folders[FOLDER]["disk.qcow2"] == DISK
+
+
+def test_a_copy_whose_lock_is_lost_writes_and_removes_nothing_more(mocker):
+    from vmmgr import local_disks
+    from vmmgr.locks import LockLost
+    mocker.patch.object(local_disks, "CHUNK", 10_000)  # the disk in 9 chunks
+    source, target = _source(), Storage()
+    calls = []
+
+    def check():  # the store out of reach longer than the lease, after the first MiB
+        calls.append(1)
+        if len(calls) > 2:
+            raise LockLost("the lock of copy of image debian-12 was lost")
+
+    with pytest.raises(LockLost):
+        site_images.send(source, target, BASE, None, check)
+    # another copy may own the folder now: what is there is left to it, or to the sweep
+    assert "image.json" not in target.folders[FOLDER]
+    assert 0 < len(target.folders[FOLDER]["disk.qcow2"]) < len(DISK)
+
+
+def test_a_site_holding_another_build_under_the_name_is_refused(redis_url):
+    other = b"a rebuild elsewhere" * 10
+    target = Storage({FOLDER: {"disk.qcow2": other, "image.json": json.dumps(
+        {"sha256": hashlib.sha256(other).hexdigest()}).encode()}})
+    fleet = CopyFleet(redis_url, {"h2": _source(), "h3": target})
+    with pytest.raises(VmmgrError, match="h3's storage holds another image debian-12 .* than "
+                       "h2's .*: not used"):
+        site_images.ensure(fleet, "h3", BASE, ["h2"])
+    assert target.folders[FOLDER]["disk.qcow2"] == other  # left as it is, never laid on
+    assert site_images.ensure(fleet, "h3", BASE, ["gone"]) is None  # none to compare: it stands
+
+
+def test_readers_wait_for_each_other_but_not_for_a_copy(redis_url, mocker):
+    import threading
+
+    fleet = CopyFleet(redis_url, {})
+    fleet.state.acquire("image-copy", "debian-12@host h2", "t1", "copy of image debian-12 "
+                        "to h2", ttl=30)
+    started = time.monotonic()
+    with pytest.raises(Conflict):  # a copy to h2's storage: given up at once, not waited for
+        with site_images._lock(fleet, "debian-12", "h2", "read", 60, unless_copying=True):
+            pass
+    assert time.monotonic() - started < 5
+    fleet.state.release("image-copy", "debian-12@host h2", "t1")
+    fleet.state.acquire("image-copy", "debian-12@host h2", "t2", "read of image debian-12 on "
+                        "h2", ttl=30)
+    threading.Timer(1.0, fleet.state.release, ("image-copy", "debian-12@host h2", "t2")).start()
+    with site_images._lock(fleet, "debian-12", "h2", "read", 60, unless_copying=True):
+        pass  # another read: waited for
+    mocker.patch.object(fleet.state, "acquire", side_effect=redis.ConnectionError("down"))
+    assert site_images.holds(fleet, "h2", BASE) is None  # the planner counts it
