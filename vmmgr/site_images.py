@@ -10,9 +10,9 @@ The disk goes first and `image.json` last: the record is what makes a copy whole
 without it is not listed, a move never lays a disk over it (a copy cut short has a valid qcow2
 header over a missing tail), and the next copy makes it again from the start. What was sent
 must have the SHA-256 the image was recorded with at its import or build; anything else is
-removed. (No read-back: it would come from the target's page
-cache, and cross the WAN a second time.) A copy that fails leaves nothing on the target: its
-files, and the folder if the copy made it.
+removed. (No read-back: it would come from the target's page cache, and cross the WAN a second
+time.) A copy that fails leaves nothing on the target: its files, and the folder if the copy
+made it.
 """
 
 import contextlib
@@ -33,7 +33,6 @@ from .locks import Lease
 from .os_images import DISK, META
 
 COPY_WAIT = 1800.0  # s a move waits for another's copy of its image to the same storage
-SOURCE_WAIT = 30.0  # s a copy waits to read a source (two copies crossing each other give up)
 
 
 class NoFolder(VmmgrError):
