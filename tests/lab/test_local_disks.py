@@ -5,13 +5,13 @@ copies its disk first (progress in a disk phase), a migration cancelled in that 
 a host whose site lacks the base image and has no room for it (refused, nothing left there),
 one cancelled while the image is sent, one whose links are cut then (the sweep takes back what
 arrived), one to a host with room (the image sent first, checksummed; the VM runs on the
-copy), suspend and resume on another host (whose storage lacks the image: sent first), a worker
-killed while a suspend keeps the disk and while a resume loads it, a worker killed mid-copy, the
-target's libvirtd killed and the link to the target cut mid-copy (the overlay left there
-removed by the reconcile's sweep once it answers), the source's libvirtd killed mid-copy and
-restarted, a stopped VM moved by a reclaim whose worker is killed while the disk is copied;
-after each, what it wrote is whole and its disk is on the one host that holds it, and nowhere
-else."""
+copy), one whose worker is killed while it sends the image (the rerun sends it again), suspend
+and resume on another host (whose storage lacks the image: sent first), a worker killed while a
+suspend keeps the disk and while a resume loads it, a worker killed mid-copy, the target's
+libvirtd killed and the link to the target cut mid-copy (the overlay left there removed by the
+reconcile's sweep once it answers), the source's libvirtd killed mid-copy and restarted, a
+stopped VM moved by a reclaim whose worker is killed while the disk is copied; after each, what
+it wrote is whole and its disk is on the one host that holds it, and nowhere else."""
 
 import json
 import os
@@ -189,11 +189,34 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         cli("migrate", "local1", "--to", "host2", check_code=0)
         assert where(fleet, "local1") == ["host2"] and holders(fleet, "local1") == ["host2"]
 
-        # host3's storage emptied again (a fresh tmpfs), for the resume below to send it to.
-        subprocess.run([*hide, "umount", str(paths.images)], check=True)
-        subprocess.run([*hide, "mount", "-t", "tmpfs", "-o", "size=1200m", "tmpfs",
-                        str(paths.images)], check=True)
-        assert on_host3() == ""
+        def empty_host3() -> None:  # a fresh tmpfs: host3's storage without the image again
+            subprocess.run([*hide, "umount", str(paths.images)], check=True)
+            subprocess.run([*hide, "mount", "-t", "tmpfs", "-o", "size=1200m", "tmpfs",
+                            str(paths.images)], check=True)
+            assert on_host3() == ""
+
+        # The worker SIGKILLed while the image is sent: the copy's lock lapses, and the task's
+        # rerun sends it again from the start (the disk that arrived, without its record, is
+        # never laid on) and finishes the move, or undoes it; one host runs the VM either way.
+        empty_host3()
+        task = c.task_of(c.cli("migrate", "local1", "--to", "host3", "--no-wait"))
+        soon(lambda: on_host3() != "", "the base image was never being sent")
+        time.sleep(2)
+        c.kill_worker_of(task)
+        lab.up(3)
+        faults.wait(lambda: c.task_state(task) in ("SUCCESS", "FAILURE")
+                    and not c.state.holder("vm", "local1"), 300, "the move never ended")
+        print("base send killed, then:", c.task_state(task), where(fleet, "local1"))
+        faults.wait(lambda: len(where(fleet, "local1")) == 1
+                    and holders(fleet, "local1") == where(fleet, "local1"), 120,
+                    "a disk stayed on a host that does not hold the VM")
+        if where(fleet, "local1") == ["host3"]:
+            assert copied_sum() == debian.sha256  # sent whole by the rerun
+            cli("migrate", "local1", "--to", "host2", check_code=0)
+        faults.wait(lambda: fleet.locate("local1").state() == "running", 60, "not running")
+        assert where(fleet, "local1") == ["host2"] and data_sum() == written
+
+        empty_host3()  # for the resume below to send it to
 
         # Suspended with its disk (beside its save, checksummed), resumed on another host
         # whose storage lacks the base: it is sent there first, from the host the VM left.
