@@ -159,16 +159,15 @@ def ensure(fleet, target: str, base: str, sources: list[str], progress=None,
         for source in sources:
             if storage_of(fleet, source) == storage_of(fleet, target):
                 continue  # the same storage: the same answer
-            try:  # readers wait for each other; a copy to that storage is given up at once
-                reading = _lock(fleet, image, source, f"read of image {image} on {source}",
-                                COPY_WAIT, should_stop, unless_copying=True)
-                lease = reading.__enter__()
-            except Conflict:
-                continue
-            try:
+            # readers wait for each other; a copy to that storage is given up at once
+            with _lock_or_none(fleet, image, source, f"read of image {image} on {source}",
+                               COPY_WAIT, should_stop, unless_copying=True) as reading:
+                if reading is None:
+                    continue
+
                 def check() -> None:  # both locks still ours, or nothing more is written
                     copying.check()
-                    lease.check()
+                    reading.check()
 
                 check()
                 theirs = _record_or_none(fleet, source, base)
@@ -187,8 +186,6 @@ def ensure(fleet, target: str, base: str, sources: list[str], progress=None,
                 with contextlib.suppress(redis.RedisError):  # the sweep finds it whole, then
                     fleet.state.image_copy_ended(image, target)
                 return sent
-            finally:
-                reading.__exit__(None, None, None)
         if there is not None:
             return None  # no host to compare it with: the target's own stands
         raise VmmgrError(f"no host that answers holds the image {image} whole to send it")
@@ -230,6 +227,22 @@ def _lock(fleet, image: str, host: str, what: str, wait: float,
         lease.__exit__(None, None, None)
 
 
+@contextlib.contextmanager
+def _lock_or_none(fleet, *args, **kwargs) -> Iterator[Lease | None]:
+    """`_lock`, or None where it is not to be had: a Conflict raised in the block itself (a
+    lease lost) is no refusal of the lock and goes on up."""
+    lock = _lock(fleet, *args, **kwargs)
+    try:
+        lease = lock.__enter__()
+    except Conflict:
+        yield None
+        return
+    try:
+        yield lease
+    finally:
+        lock.__exit__(None, None, None)
+
+
 def holds(fleet, host: str, base: str) -> bool | None:
     """Whether the host's storage holds the image, asked at once under the folder's lock;
     None when that cannot be told now (a copy to it runs, or it does not answer)."""
@@ -244,12 +257,10 @@ def holds(fleet, host: str, base: str) -> bool | None:
 def sweep(fleet, image: str, host: str, base: str) -> bool | None:
     """Remove what a copy to the host cut short left there, and forget the copy, unless a copy
     to that storage runs (None: not now); whether there was something."""
-    try:
-        lock = _lock(fleet, image, host, f"sweep of a copy of {image} to {host}", 0)
-        lease = lock.__enter__()
-    except Conflict:
-        return None
-    try:
+    with _lock_or_none(fleet, image, host, f"sweep of a copy of {image} to {host}",
+                       0) as lease:
+        if lease is None:
+            return None
         lease.check()
         try:
             found = discard_partial(fleet.host(host).conn, base)
@@ -258,8 +269,6 @@ def sweep(fleet, image: str, host: str, base: str) -> bool | None:
         lease.check()
         fleet.state.image_copy_ended(image, host)  # under the lock: not a copy begun since
         return found
-    finally:
-        lock.__exit__(None, None, None)
 
 
 def _record_or_none(fleet, host: str, base: str) -> dict | None:
