@@ -35,6 +35,15 @@ VM, RATE = "bench-stall", 8
 PROBE_S, PROBE_INTERVAL = 5.0, 0.002  # a move takes 2.5-4 s here: it starts 1 s into the probe
 
 
+def held_how(result) -> str:
+    """Whether the edge held the VM's packets from before its pause (vmmgr/policy.py)."""
+    held = next((i for i, e in enumerate(result.events) if "held at the edge" in e), None)
+    paused = next((i for i, e in enumerate(result.events) if "source paused" in e), None)
+    if held is None:
+        return "not held"
+    return "held before the pause" if paused is None or held < paused else "held too late"
+
+
 def main() -> None:
     args = argparse.ArgumentParser()
     args.add_argument("--moves", type=int, default=12)
@@ -75,7 +84,9 @@ def main() -> None:
                 probes.append(json.loads(probe.communicate(timeout=PROBE_S + 30)[0]))
                 lost = probes[-1]["sent"] - probes[-1]["received"]
                 print(f"move {i + 1}: -> {target}, blackout {result.downtime_ms} ms, "
-                      f"{lost} probes lost", flush=True)
+                      f"{lost} probes lost, {held_how(result)}", flush=True)
+                if lost:
+                    print("    " + "\n    ".join(result.events), flush=True)
             seen = json.loads(client.communicate(timeout=mib / RATE + 120)[0])
             fleet.destroy(VM)
     finally:
@@ -84,6 +95,7 @@ def main() -> None:
     for (t0, t1, result), probe in zip(windows, probes):
         stall = max((g for end, g in seen["gaps"] if t0 <= end <= t1 + 2), default=0.0)
         rows.append({"source": result.source, "target": result.target,
+                     "hold": held_how(result),
                      "blackout_ms": result.downtime_ms, "stall_ms": round(stall * 1000),
                      "probes_lost": probe["sent"] - probe["received"],
                      "probe_max_rtt_ms": probe["max_rtt_ms"]})

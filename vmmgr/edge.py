@@ -14,6 +14,16 @@ SSH (`["ssh", "-o", "BatchMode=yes", "-o", "ControlMaster=auto", "-o", "ControlP
 SSH hands its arguments to a shell on the edge as one line, so every argument is quoted for that
 shell, and every address is checked (netaddr) before it goes anywhere near a command: an address
 comes from a file name on shared storage, which a compromised host could choose.
+
+**Holding a VM's packets through its switch-over** (`hold`, `release`). An edge set up with
+`host_files/edge-hold.sh` has a veth pair, `vmhold` and `vmhold-out`. To hold a VM's address, its
+/32 is routed into `vmhold` through a next hop that never answers ARP: the kernel queues what
+comes for it in that neighbour entry (bounded in bytes, the oldest dropped first when full; all
+of it dropped if the hold outlasts the neighbour's probes: see the script). To release it, the /32
+goes (back) to the tunnels and the next hop is given the MAC of `vmhold-out`: the kernel sends the
+queue out of `vmhold`, in order, it comes back in through `vmhold-out` and is routed like any
+packet, down the tunnel of the host the VM is routed to now. Each VM has its own next hop in
+169.254.0.0/16 (its address's low 16 bits), so releasing one lets no other VM's packets go.
 """
 
 import json
@@ -30,6 +40,7 @@ from .locks import Lease
 from .paths import Paths
 
 LOCK_WAIT = 60  # s a route change waits for another one to finish
+HOLD_OUT_MAC = "02:76:6d:68:6f:6c"  # vmhold-out's, set by edge-hold.sh: where a release sends
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,7 @@ class EdgeConfig:
     command: list[str]  # prefix that runs a command on the edge
     interface: str
     peers: dict[str, Peer] = field(default_factory=dict)
+    hold_interface: str = ""  # "vmhold" where edge-hold.sh ran; "": the edge cannot hold
 
     @staticmethod
     def path(paths: Paths):
@@ -56,7 +68,8 @@ class EdgeConfig:
         except FileNotFoundError:
             return None
         return cls(data["command"], data["interface"],
-                   {h: Peer(**p) for h, p in data["peers"].items()})
+                   {h: Peer(**p) for h, p in data["peers"].items()},
+                   data.get("hold_interface", ""))
 
     def save(self, paths: Paths) -> None:
         self.path(paths).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -75,6 +88,12 @@ def host_address(ip: str) -> str:
     except (netaddr.AddrFormatError, ValueError, TypeError):
         pass
     raise InvalidRequest(f"not an IPv4 address: {ip!r}")
+
+
+def hold_gateway(ip: str) -> str:
+    """The next hop that holds `ip`'s packets: never answered, one per VM (its low 16 bits)."""
+    value = int(netaddr.IPAddress(host_address(ip)))
+    return f"169.254.{(value >> 8) & 0xFF}.{value & 0xFF}"
 
 
 class Edge:
@@ -101,6 +120,41 @@ class Edge:
             for host, ips in self.routes_by_host().items():
                 if ip in ips:
                     self._set_allowed(self._peer(host), ips - {ip})
+
+    @property
+    def can_hold(self) -> bool:
+        return bool(self.config.hold_interface)
+
+    def hold(self, ip: str) -> None:
+        """From now on queue what comes for `ip` at the edge, until `release`."""
+        dev = self._hold_interface()
+        self._run("ip", "route", "replace", f"{host_address(ip)}/32", "via", hold_gateway(ip),
+                  "dev", dev, "onlink")
+
+    def release(self, ip: str) -> None:
+        """Send what was held for `ip`, in order, to wherever the tunnels route it now, and
+        route what comes next there too. Nothing held: nothing happens."""
+        dev, gateway = self._hold_interface(), hold_gateway(ip)
+        # One round trip: the route first (else the released queue would come straight back).
+        self._run("sh", "-c", f"ip route del {host_address(ip)}/32 dev {dev} 2>/dev/null; "
+                  f"ip neigh replace {gateway} lladdr {HOLD_OUT_MAC} dev {dev} nud permanent "
+                  f"&& ip neigh del {gateway} dev {dev}")
+
+    def held(self) -> list[str]:
+        """The addresses held now."""
+        if not self.can_hold:
+            return []
+        out = self._run("ip", "-4", "route", "show", "dev", self._hold_interface())
+        return [line.split()[0].removesuffix("/32") for line in out.splitlines()
+                if line.strip()]
+
+    def _hold_interface(self) -> str:
+        dev = self.config.hold_interface
+        if not dev:
+            raise VmmgrError("this edge cannot hold packets (no hold_interface in edge.json)")
+        if not dev.replace("-", "").isalnum() or len(dev) > 15:
+            raise VmmgrError(f"edge.json: not an interface name: {dev!r}")
+        return dev
 
     def sync(self, placement: dict[str, str]) -> list[str]:
         """Make the edge route exactly `placement` (address -> host); returns what changed."""
@@ -159,10 +213,13 @@ class Edge:
             raise VmmgrError(f"the edge has no tunnel to host {host!r}") from None
 
     def _wg(self, *args: str) -> str:
-        cmd = [*self.config.command, *self._quoted(["wg", *args])]
+        return self._run("wg", *args)
+
+    def _run(self, *args: str) -> str:
+        cmd = [*self.config.command, *self._quoted(list(args))]
         proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
-            raise VmmgrError(f"edge: wg {' '.join(args)}: {proc.stderr.strip()}")
+            raise VmmgrError(f"edge: {' '.join(args)}: {proc.stderr.strip()}")
         return proc.stdout
 
     def _quoted(self, args: list[str]) -> list[str]:

@@ -41,6 +41,10 @@ def hook_script() -> bytes:
     return resources.files("vmmgr").joinpath("host_files/qemu-hook.sh").read_bytes()
 
 
+def edge_hold_script() -> bytes:
+    return resources.files("vmmgr").joinpath("host_files/edge-hold.sh").read_bytes()
+
+
 class LabNetwork:
     def __init__(self, paths: Paths, bridge: str, log=lambda msg: None):
         self.paths = paths
@@ -56,6 +60,8 @@ class LabNetwork:
         edge_key = self._key("edge")
         _wg_interface(EDGE_NS, "wg-edge", f"{TUNNEL}.1/24", edge_key, listen=True)
         _ns(EDGE_NS, "ip", "route", "replace", POOL, "dev", "wg-edge")
+        # The same script the edge role runs at boot (vmmgr-edge-hold.service).
+        _ns(EDGE_NS, "sh", "-c", edge_hold_script().decode())
         peers = {}
         for name, (ns, ip, index) in hosts.items():
             key = self._key(name)
@@ -67,7 +73,7 @@ class LabNetwork:
             self._route_guests(ns, f"wg-{name}")
             peers[name] = Peer(_pub(key), tunnel_ip, f"{ip}:{WG_PORT}")
         config = EdgeConfig(command=["ip", "netns", "exec", EDGE_NS], interface="wg-edge",
-                            peers=peers)
+                            peers=peers, hold_interface="vmhold")
         config.save(self.paths)
         for name, peer in peers.items():
             _ns(EDGE_NS, "wg", "set", "wg-edge", "peer", peer.public_key, "endpoint",

@@ -21,6 +21,7 @@ import redis
 from . import console, local_disks, policy as pol, site_images
 from .errors import Conflict, JobAborted, MigrationFailed, NotFound, PostcopyPaused, VmmgrError
 from .fleet import Fleet, require_active, require_other_host
+from .edge import Edge
 from .guest import Guest
 from .locks import Lease
 from .placement import refusal
@@ -319,7 +320,14 @@ class _Migration:
         self.routed = False  # the edge sends the VM's address to the target
         self.routing = threading.Lock()  # the switch-over's events against the call's end
         self.routing_over = False
+        self.hold_edge: Edge | None = None  # an edge that holds the VM's packets (see run())
+        self.address: str | None = None
+        self.held = False  # its packets are held at the edge now
+        self.source_paused = False  # for the switch-over (libvirt's event, or vmmgr's pause)
+        self.paused_at: float | None = None  # when vmmgr paused the VM for the switch-over
+        self.resumed_at: float | None = None  # when the target said it runs
         self.last_stats: dict = {}
+        self.fast_polls = False  # a hold is on or near: poll every pol.HOLD_POLL_S
         self.progress_lost = False
         self.disks: list[str] = []  # local disks, copied with the memory (set by run())
 
@@ -368,11 +376,12 @@ class _Migration:
         # migration made during its setup phase waits for the whole job to end (seen in the lab:
         # a deadlock, as only this monitor would end it); so nothing is steered until the job
         # reports data, and this one setting is made while there is no job at all.
-        watch, actions = pol.start(self.policy, time.monotonic())
+        address = self.address = address_of(persistent)
+        self.hold_edge = self._edge_that_holds(address)
+        watch, actions = pol.start(self.policy, time.monotonic(), can_hold=bool(self.hold_edge))
         for action in actions:
             self._apply(action)
         started_at, t0 = time.time(), time.monotonic()
-        address = address_of(persistent)
         if self.disks:
             self._lay_target_disk()
         watches = self._follow_switchover(address) if address else []
@@ -388,13 +397,71 @@ class _Migration:
         if self.disks:
             self.tidy_disks()
         if error is not None:
-            if self.routed:  # routed to the target at the switch-over, then it failed
-                self.fleet.route_address(address, self.source)
+            try:
+                if self.routed:  # routed to the target at the switch-over, then it failed
+                    self.fleet.route_address(address, self.source)
+            finally:
+                self._release("to the source")  # where the VM runs again (_fail resumes it)
             self._fail(error, segment)
         if address and not self.routed:  # no event came, or routing failed then: route it now
             self._event("routing the address after the fact")
-            stored(lambda: self.fleet.route_address(address, self.target))
+            try:
+                stored(lambda: self.fleet.route_address(address, self.target))
+            finally:
+                self._release("after the fact")
+        self._release("after the fact")  # if the resume's event never came
         return self._result(started_at, wall_ms)
+
+    def _edge_that_holds(self, address: str | None) -> Edge | None:
+        """The edge, if it can hold this VM's packets through the switch-over."""
+        if not address:
+            return None
+        try:
+            edge = Edge.load(self.fleet.paths, self.fleet.state)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            self._event(f"the edge's description is unreadable ({err}): no hold")
+            return None
+        return edge if edge is not None and edge.can_hold else None
+
+    def _hold(self, reason: str) -> str | None:
+        """Queue what comes for the VM at the edge from now until `_release`: its switch-over
+        is near, and nothing may reach its source once it pauses there."""
+        with self.routing:
+            if self.held or self.source_paused or self.routing_over:
+                return None
+            self.held = True
+        try:
+            self.hold_edge.hold(self.address)
+        except VmmgrError as err:
+            self.held = False
+            return self._event(f"could not hold {self.address} at the edge: {_words(err)}")
+        return self._event(f"packets for {self.address} held at the edge: {reason}")
+
+    def _switch_over(self, reason: str) -> str | None:
+        """Pause the VM, its packets held: QEMU sends the rest and starts it on the target."""
+        if self.source_paused or not self.held:
+            return None  # QEMU paused it already, or the hold failed: QEMU chooses
+        self.paused_at = time.monotonic()
+        self.guest.pause()
+        self.paused = True
+        self._paused_for_switchover()
+        return self._event(f"VM paused on {self.source} for the switch-over: {reason}")
+
+    def _paused_for_switchover(self) -> None:
+        self.source_paused = True
+        self._route_to_target(self.address, "as the source paused for the switch-over")
+
+    def _release(self, where: str) -> None:
+        """Let what the edge held for the VM go, to wherever its address is routed now."""
+        with self.routing:
+            if not self.held:
+                return
+            self.held = False
+        try:
+            self.hold_edge.release(self.address)
+            self._event(f"packets held for {self.address} released {where}")
+        except VmmgrError as err:  # the reconcile releases it once no move is under way
+            self._event(f"could not release {self.address} at the edge: {_words(err)}")
 
     def resume_postcopy(self) -> MigrationResult:
         """Resume the post-copy this VM was left paused in (`PostcopyPaused`), now that the
@@ -514,30 +581,35 @@ class _Migration:
         paused), and reaches the VM the moment it resumes; what the VM sends on resuming is
         let in at the edge at once. Routed only at the resume, both waited for the route
         change, and what came in meanwhile was lost at the paused source (bench/stall.py).
+        With an edge that holds (`_switch_over`), vmmgr pauses the VM itself and routes at
+        once; the events then only note the resume, which releases what the edge held.
         Returns the (host, token) of each watch."""
-        def route(why: str) -> None:
-            with self.routing:
-                if self.routed or self.routing_over:
-                    return
-                try:
-                    self.fleet.route_address(address, self.target)
-                    self.routed = True
-                    self._event(f"address {address} routed to {self.target} {why}")
-                except Exception as err:  # e.g. the store is away: routed once the VM has moved
-                    self._event(f"could not route {address} to {self.target} {why}: {err}")
-
         def at_source(event: int, detail: int) -> None:
             if (event == libvirt.VIR_DOMAIN_EVENT_SUSPENDED
                     and detail == libvirt.VIR_DOMAIN_EVENT_SUSPENDED_MIGRATED):
-                route("as the source paused for the switch-over")
+                self._paused_for_switchover()
 
         def at_target(event: int, detail: int) -> None:
             if event == libvirt.VIR_DOMAIN_EVENT_RESUMED:
-                route("at resume")
+                self.resumed_at = self.resumed_at or time.monotonic()
+                self._route_to_target(address, "at resume")
+                if not self.routing_over:
+                    self._release("to the target at resume")
 
         source = self.fleet.host(self.source)
         return [(source, source.watch_lifecycle(self.guest.name, at_source)),
                 (self.dest, self.dest.watch_lifecycle(self.guest.name, at_target))]
+
+    def _route_to_target(self, address: str, why: str) -> None:
+        with self.routing:
+            if self.routed or self.routing_over:
+                return
+            try:
+                self.fleet.route_address(address, self.target)
+                self.routed = True
+                self._event(f"address {address} routed to {self.target} {why}")
+            except Exception as err:  # e.g. the store is away: routed once the VM has moved
+                self._event(f"could not route {address} to {self.target} {why}: {err}")
 
     def _migrate(self, params: dict, flags: int, watch: pol.Watch,
                  first: bool = True) -> Exception | None:
@@ -592,6 +664,7 @@ class _Migration:
             raise MigrationFailed(f"{guest.name} is not on {self.target} after libvirt reported success")
         if arrived.state() == "paused" and self.paused:
             arrived.resume()  # we paused it to force completion; it must run on the target
+            self.resumed_at = self.resumed_at or time.monotonic()
         completed = arrived.job_stats(completed=True)
         if completed.get("type", libvirt.VIR_DOMAIN_JOB_NONE) == libvirt.VIR_DOMAIN_JOB_NONE:
             # After post-copy the destination keeps no completed job: use the last numbers seen.
@@ -601,6 +674,12 @@ class _Migration:
             # The target's stats know nothing of the disk's mirror; the source's last poll does.
             completed = completed | {"disk_processed": disk, "data_processed": completed.get(
                 "data_processed", completed.get("memory_processed", 0)) + disk}
+        if self.paused_at is not None and self.resumed_at is not None:
+            # QEMU counts its downtime from its own final stop; the VM stopped at vmmgr's pause.
+            blackout = round((self.resumed_at - self.paused_at) * 1000)
+            self._event(f"blackout {blackout} ms from vmmgr's pause to the resume on "
+                        f"{self.target} (QEMU's own count: {completed.get('downtime')} ms)")
+            completed = completed | {"downtime": blackout}
         return MigrationResult.from_completed_stats(
             guest.name, self.source, self.target, completed, wall_ms,
             started_at, policy=self.policy.name, postcopy=self.postcopy_started,
@@ -623,7 +702,7 @@ class _Migration:
 
         def running() -> bool:
             nonlocal moved, moved_at
-            worker.join(self.poll_interval)
+            worker.join(pol.HOLD_POLL_S if self.fast_polls else self.poll_interval)
             if not worker.is_alive() or not resuming:
                 return worker.is_alive()
             stats = _active_job_stats(self.guest) or {}
@@ -689,8 +768,12 @@ class _Migration:
             elif pol.in_disk_phase(stats):
                 watch, actions = pol.decide_disk(self.policy, watch, now)
             elif stats.get("data_total"):  # past setup: see run()
-                watch, actions = pol.decide(self.policy, watch, stats.get("data_remaining", 0),
-                                            stats.get("memory_iteration", 0), now)
+                seen = JobProgress.from_stats(stats)
+                watch, actions = pol.decide(self.policy, watch, seen.remaining_bytes,
+                                            seen.iteration, now, seen.dirty_rate_bps,
+                                            seen.speed_bps)
+                self.fast_polls = pol.polls_fast(watch, seen.remaining_bytes, seen.speed_bps,
+                                                 self.poll_interval, now)
             event = "; ".join(filter(None, (self._apply(a) for a in actions))) or None
             if self.on_progress:
                 phase = ("postcopy" if self.postcopy_started else
@@ -719,6 +802,15 @@ class _Migration:
             if isinstance(action, pol.SetDowntime):
                 guest.set_max_downtime(action.ms)
                 return f"downtime limit {action.ms} ms"
+            if isinstance(action, pol.Hold):
+                return self._hold(action.reason)
+            if isinstance(action, pol.Release):
+                if self.source_paused:
+                    return None  # it did switch over: released when the target runs
+                self._release("to the source, still running")
+                return self._event(f"hold given up: {action.reason}")
+            if isinstance(action, pol.SwitchOver):
+                return self._switch_over(action.reason)
             if isinstance(action, pol.StartPostCopy):
                 guest.start_postcopy()
                 self.postcopy_started = True

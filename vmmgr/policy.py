@@ -153,6 +153,24 @@ class SetDowntime:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """Hold the VM's packets at the edge: the switch-over is near."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class Release:
+    """Let the held packets go to the VM where it runs (it did not switch over in time)."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class SwitchOver:
+    """Pause the VM now, its packets held: the rest fits the downtime limit."""
+    reason: str
+
+
+@dataclass(frozen=True)
 class StartPostCopy:
     reason: str
 
@@ -183,12 +201,76 @@ class Watch:
     postcopy: bool = False
     finished: bool = False  # an abort or a pause was ordered: nothing more to decide
     disk_s: float = 0.0  # how long the local disks' copy took before the memory's began
+    can_hold: bool = False  # the edge can hold the VM's packets (see `decide_hold`)
+    holding_since: float | None = None
+    hold_again_at: float = 0.0
+    polled_at: float = 0.0  # the last poll
+    last_remaining: int = 0  # what was left to send at the last poll
+    drain_bps: int = 0  # how fast what is left shrank between the last two polls of a pass
+    pass_from: float = 0.0  # the current pass began after this (the poll before it was seen)
 
 
-def start(policy: Policy, now: float) -> tuple[Watch, list]:
+# A held switch-over (`decide_hold`): hold when the pass in flight ends within HOLD_LEAD_S (QEMU
+# may pause the VM at its end), polling every HOLD_POLL_S meanwhile; a hold the VM has not
+# paused in within HOLD_GRACE_S is released, and not made again for HOLD_BACKOFF_S.
+HOLD_LEAD_S = 0.04
+HOLD_POLL_S = 0.01
+HOLD_GRACE_S = 0.25
+HOLD_BACKOFF_S = 1.0
+
+
+def start(policy: Policy, now: float, can_hold: bool = False) -> tuple[Watch, list]:
     """The monitor's first state, and the downtime limit to set before the first pass."""
-    w = Watch(started=now, best_at=now, downtime_ms=policy.downtime_start_ms, stepped_at=now)
+    w = Watch(started=now, best_at=now, downtime_ms=policy.downtime_start_ms, stepped_at=now,
+              can_hold=can_hold, polled_at=now, pass_from=now)
     return w, [SetDowntime(policy.downtime_start_ms)]
+
+
+def decide_hold(w: Watch, remaining: int, iteration: int, now: float, dirty_bps: int,
+                speed_bps: int) -> tuple[Watch, list]:
+    """The edge holds the VM's packets from just before its pause, so none reach the paused
+    source. QEMU pauses the VM at the end of a pass whose rest fits the downtime limit, a
+    moment vmmgr cannot see coming from one pass to the next (a quiet guest's last passes take
+    milliseconds). So the hold begins when the pass in flight is about to end, and QEMU's
+    pause (or vmmgr's, once the rest fits the limit) follows within HOLD_GRACE_S; else the
+    packets go on to the VM, still running on its source, and the hold is tried again later."""
+    if w.holding_since is None:
+        pace = max(speed_bps, w.drain_bps)
+        if now < w.hold_again_at or pace <= 0:
+            return w, []
+        left_s = remaining / pace
+        if iteration >= 2 or left_s <= HOLD_LEAD_S:
+            return replace(w, holding_since=now), [Hold(
+                f"pass {iteration} ends in about {left_s * 1000:.0f} ms")]
+        return w, []
+    estimate = paused_estimate_ms(w, remaining, dirty_bps, speed_bps, now)
+    if iteration >= 2 and estimate is not None and estimate <= w.downtime_ms:
+        return replace(w, finished=True), [SwitchOver(
+            f"about {estimate:.0f} ms to send with the VM paused (limit {w.downtime_ms} ms)")]
+    if now - w.holding_since >= HOLD_GRACE_S:
+        return replace(w, holding_since=None, hold_again_at=now + HOLD_BACKOFF_S), [Release(
+            f"not switched over {HOLD_GRACE_S * 1000:.0f} ms after the hold")]
+    return w, []
+
+
+def polls_fast(w: Watch, remaining: int, speed_bps: int, poll_s: float, now: float) -> bool:
+    """Whether the monitor should poll every HOLD_POLL_S: a hold is on, or due within a poll."""
+    if not w.can_hold or w.finished:
+        return False
+    if w.holding_since is not None:
+        return True
+    # Pages of zeros go at many times the link's speed: what is left may shrink faster.
+    pace = max(speed_bps, w.drain_bps)
+    return now >= w.hold_again_at and pace > 0 and remaining / pace <= 2 * poll_s + HOLD_LEAD_S
+
+
+def paused_estimate_ms(w: Watch, remaining: int, dirty_bps: int, speed_bps: int,
+                       now: float) -> float | None:
+    """How long sending the rest would take with the VM paused now: what is left of this pass,
+    plus what the guest dirtied since it began (at most since the poll before it was seen)."""
+    if speed_bps <= 0:
+        return None
+    return (remaining + dirty_bps * (now - w.pass_from)) / speed_bps * 1000
 
 
 def downtime_step(policy: Policy, current_ms: int) -> int:
@@ -220,16 +302,21 @@ def decide_disk(policy: Policy, w: Watch, now: float) -> tuple[Watch, list]:
     return replace(w, started=now, best_at=now, stepped_at=now, disk_s=w.disk_s + held), []
 
 
-def decide(policy: Policy, w: Watch, remaining: int, iteration: int, now: float) -> tuple[Watch, list]:
-    """One poll's decisions, from the bytes still to send and the pre-copy pass number (from 1)."""
+def decide(policy: Policy, w: Watch, remaining: int, iteration: int, now: float,
+           dirty_bps: int = 0, speed_bps: int = 0) -> tuple[Watch, list]:
+    """One poll's decisions, from the bytes still to send and the pre-copy pass number (from 1);
+    with a held switch-over also the guest's dirty rate and the link's speed (bytes/s)."""
     if w.finished or w.postcopy:
         return w, []  # post-copy cannot be steered back; an ordered abort or pause stands
     if iteration > w.iteration:
         if w.iteration >= 1 and (w.best_peak is None or w.pass_peak < w.best_peak):
             w = replace(w, best_peak=w.pass_peak, best_at=now)
-        w = replace(w, iteration=iteration, pass_peak=remaining)
+        w = replace(w, iteration=iteration, pass_peak=remaining, pass_from=w.polled_at)
     else:
-        w = replace(w, pass_peak=max(w.pass_peak, remaining))
+        drained = w.last_remaining - remaining
+        w = replace(w, pass_peak=max(w.pass_peak, remaining), drain_bps=int(
+            drained / (now - w.polled_at)) if drained > 0 and now > w.polled_at else 0)
+    w = replace(w, polled_at=now, last_remaining=remaining)
     stalled = now - max(w.best_at, w.stepped_at)
     elapsed = now - w.started
 
@@ -240,6 +327,11 @@ def decide(policy: Policy, w: Watch, remaining: int, iteration: int, now: float)
         timeout = f"no progress for {policy.progress_timeout_s:g} s"
     if timeout:
         return _on_timeout(policy, w, timeout)
+
+    if w.can_hold:
+        w, actions = decide_hold(w, remaining, iteration, now, dirty_bps, speed_bps)
+        if actions:
+            return w, actions
 
     at_top = w.downtime_ms >= policy.downtime_max_ms
     if not at_top and iteration >= 2 and stalled >= policy.downtime_step_after_s:

@@ -191,6 +191,10 @@ def repair_edge(fleet: Fleet, report, rows: list[dict]) -> list[str]:
     changed = edge.sync(placement)
     for host in changed:
         report.event(f"edge routes to {host} repaired", host=host, kind="repair")
+    for ip in edge.held():  # a switch-over's hold whose move died before it released it
+        edge.release(ip)
+        report.event(f"packets held at the edge for {ip} released (no move under way)",
+                     kind="repair")
     return changed
 
 

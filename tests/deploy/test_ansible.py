@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import vmmgr
 from vmmgr.apt_sources import debian_mirror
 from vmmgr.errors import VmmgrError
 
@@ -233,6 +234,10 @@ def test_site_yml_sets_up_a_host_and_an_edge_and_a_second_run_changes_nothing(tr
     assert edge_json["peers"]["host1"] == {"public_key": pub(host), "tunnel_ip": "10.79.0.11",
                                            "endpoint": "192.0.2.11:51820"}
     assert edge_json["command"][0] == "ssh" and edge_json["command"][-1] == "root@192.0.2.1"
+    # The edge holds a VM's packets through its switch-over with the script the lab runs.
+    assert edge_json["hold_interface"] == "vmhold"
+    assert (edge / "usr/local/sbin/vmmgr-edge-hold").read_bytes() == (
+        Path(vmmgr.__file__).parent / "host_files/edge-hold.sh").read_bytes()
     assert json.loads((host / "var/lib/vmmgr/network.json").read_text()) == {
         "pool": "10.78.0.0/24", "gateway": "10.78.0.1", "bridge": "br-guest"}
 
@@ -251,6 +256,7 @@ def test_site_yml_sets_up_a_host_and_an_edge_and_a_second_run_changes_nothing(tr
         assert enabled(host, unit), f"{unit} not enabled; links: {' '.join(wants(host))}"
     assert enabled(host, "libvirtd-tls.socket") and enabled(host, "vmmgr-guest-firewall.service")
     assert enabled(edge, "nftables.service") and enabled(edge, "wg-quick@wg0.service"), wants(edge)
+    assert enabled(edge, "vmmgr-edge-hold.service"), wants(edge)
 
     # The worker's virtualenv really holds vmmgr, its task API and Flower's.
     proc = run(["chroot", str(host), "/opt/vmmgr/venv/bin/python", "-c",

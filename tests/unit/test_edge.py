@@ -1,12 +1,14 @@
 """The edge's route bookkeeping over `wg`'s output (the lab tests drive a real wireguard-go), and
 the safety of the commands sent to it."""
 
+import json
 
 import pytest
 
 from vmmgr.addresses import AddressPool
-from vmmgr.edge import Edge, EdgeConfig, Peer, host_address
-from vmmgr.errors import InvalidRequest
+from vmmgr.edge import HOLD_OUT_MAC, Edge, EdgeConfig, Peer, hold_gateway, host_address
+from vmmgr.errors import InvalidRequest, VmmgrError
+from vmmgr.paths import Paths
 from vmmgr.state import FleetState
 
 PEERS = {"host1": Peer("K1", "10.79.0.11", "10.77.0.11:51820"),
@@ -91,3 +93,58 @@ def test_an_ssh_prefix_gets_every_argument_quoted_for_the_edges_shell(store, tmp
     assert not (edge_dir / "pwned").exists()
     assert (edge_dir / "args").read_text().splitlines() == [
         "set", "wg0;touch pwned;#", "peer", "K1", "allowed-ips", "10.79.0.11/32,10.78.0.7/32"]
+
+
+def holding_edge(store, mocker, command=("true",)):
+    e = Edge(EdgeConfig(list(command), "wg-edge", PEERS, hold_interface="vmhold"), store)
+    calls = []
+    mocker.patch.object(e, "_run", side_effect=lambda *a: calls.append(a) or "")
+    return e, calls
+
+
+def test_a_hold_routes_the_address_into_the_hold_interface_through_its_own_next_hop(store,
+                                                                                  mocker):
+    e, calls = holding_edge(store, mocker)
+    e.hold("10.78.1.7")
+    # The address's low 16 bits name its next hop: another VM's release never sends this one's.
+    assert calls == [("ip", "route", "replace", "10.78.1.7/32", "via", "169.254.1.7", "dev",
+                      "vmhold", "onlink")]
+    assert hold_gateway("10.78.0.2") == "169.254.0.2" != hold_gateway("10.78.1.2")
+
+
+def test_a_release_reroutes_first_then_sends_the_queue_in_one_round_trip(store, mocker):
+    e, calls = holding_edge(store, mocker)
+    e.release("10.78.0.2")
+    [(sh, flag, script)] = calls
+    assert (sh, flag) == ("sh", "-c")
+    route, neigh = script.index("ip route del 10.78.0.2/32 dev vmhold"), script.index(
+        f"ip neigh replace 169.254.0.2 lladdr {HOLD_OUT_MAC} dev vmhold nud permanent")
+    assert route < neigh and script.endswith("ip neigh del 169.254.0.2 dev vmhold")
+
+
+def test_an_edge_without_a_hold_interface_cannot_hold_and_bad_input_runs_nothing(store, mocker):
+    e, calls = edge(store, mocker, "")
+    assert not e.can_hold and e.held() == []
+    with pytest.raises(VmmgrError, match="cannot hold"):
+        e.hold("10.78.0.2")
+    e, calls = holding_edge(store, mocker)
+    with pytest.raises(InvalidRequest):
+        e.release(EVIL)
+    bad = Edge(EdgeConfig(["true"], "wg-edge", PEERS, hold_interface="vm;hold"), store)
+    with pytest.raises(VmmgrError, match="not an interface name"):
+        bad.hold("10.78.0.2")
+    assert calls == []
+
+
+def test_the_held_addresses_are_read_from_the_hold_interfaces_routes(store, mocker):
+    e = Edge(EdgeConfig(["true"], "wg-edge", PEERS, hold_interface="vmhold"), store)
+    mocker.patch.object(e, "_run", return_value="10.78.0.2 via 169.254.0.2 onlink \n"
+                                                 "10.78.0.9 via 169.254.0.9 onlink \n")
+    assert e.held() == ["10.78.0.2", "10.78.0.9"]
+
+
+def test_an_old_edge_description_without_a_hold_still_loads(tmp_path):
+    paths = Paths(tmp_path)
+    (tmp_path / "edge.json").write_text(json.dumps(
+        {"command": ["true"], "interface": "wg0", "peers": {}}))
+    assert EdgeConfig.load(paths).hold_interface == ""

@@ -8,8 +8,9 @@ import pytest
 from vmmgr.errors import InvalidRequest
 from vmmgr.migration import flags_and_params
 from vmmgr.policy import (
-    POLICIES, Abort, Pause, Policy, SetDowntime, StartPostCopy, decide, downtime_step, get_policy,
-    for_link, start, warning,
+    HOLD_BACKOFF_S, HOLD_GRACE_S, POLICIES, Abort, Hold, Pause, Policy, Release, SetDowntime,
+    StartPostCopy, SwitchOver, decide, downtime_step, for_link, get_policy, polls_fast, start,
+    warning,
 )
 
 MiB = 2**20
@@ -182,3 +183,70 @@ def test_a_deadlines_early_postcopy_starts_about_a_second_after_the_first_pass()
     plain = _first_postcopy_at(get_policy("never-fail"))
     assert early is not None and early <= 1.5
     assert plain is not None and plain >= 10  # four 2 s downtime steps, then 3 s at the top
+
+
+# ---- the edge holds the VM's packets through its switch-over -----------------------------
+
+def held_run(polls, dirty_mibps=10, speed_mibps=100, policy=BASE):
+    """(time, remaining MiB, iteration) polls with a steady dirty rate and link speed."""
+    w, first = start(policy, 0.0, can_hold=True)
+    seen = []
+    for t, remaining, iteration in polls:
+        w, actions = decide(policy, w, int(remaining * MiB), iteration, t,
+                            int(dirty_mibps * MiB), int(speed_mibps * MiB))
+        seen += [(t, a) for a in actions]
+    return first, w, seen
+
+
+def test_the_hold_begins_when_the_first_pass_is_about_to_end_and_qemu_keeps_its_limit():
+    first, w, seen = held_run([(0.2, 100, 1), (0.4, 60, 1), (0.8, 20, 1), (0.95, 5, 1),
+                               (0.99, 1.5, 1)])
+    assert first == [SetDowntime(100)]  # QEMU still chooses the moment as it would
+    # 1.5 MiB left at 100 MiB/s: the pass ends in 15 ms, QEMU may pause the VM then.
+    assert [(t, type(a)) for t, a in seen] == [(0.99, Hold)] and w.holding_since == 0.99
+    assert "ends in about 15 ms" in seen[0][1].reason
+    assert polls_fast(w, 1, 100 * MiB, 0.2, 1.0)  # watched closely while it is on
+
+
+def test_polls_fast_only_near_a_pass_end_and_never_without_an_edge_that_holds():
+    w, _ = start(BASE, 0.0, can_hold=True)
+    assert not polls_fast(w, 60 * MiB, 100 * MiB, 0.2, 0.5)  # 600 ms left
+    assert polls_fast(w, 20 * MiB, 100 * MiB, 0.2, 0.5)  # 200 ms: the next poll may be late
+    w, _ = start(BASE, 0.0)
+    assert not polls_fast(w, 1, 100 * MiB, 0.2, 0.5)
+
+
+def test_a_hold_whose_rest_fits_the_limit_pauses_the_vm_at_once():
+    # Held at 1.0 s (pass 2); at 1.01 s 2 MiB + 10 MiB/s since the pass began (after the
+    # 0.8 s poll) = 4.1 MiB at 100 MiB/s: about 41 ms <= 100 ms.
+    _, w, seen = held_run([(0.8, 30, 1), (1.0, 40, 2), (1.01, 2, 2)])
+    assert [type(a) for _, a in seen] == [Hold, SwitchOver] and w.finished
+    assert "about 41 ms" in seen[1][1].reason
+
+
+def test_a_hold_not_switched_over_in_its_grace_is_released_and_tried_again_later():
+    # A guest that dirties 200 MiB/s: pass 2's rest never fits 100 ms.
+    polls = [(0.8, 30, 1), (1.0, 40, 2), (1.0 + HOLD_GRACE_S, 40, 2), (1.5, 40, 3),
+             (1.0 + HOLD_GRACE_S + HOLD_BACKOFF_S, 40, 4)]
+    _, w, seen = held_run(polls, dirty_mibps=200)
+    assert [(t, type(a)) for t, a in seen] == [
+        (1.0, Hold), (1.0 + HOLD_GRACE_S, Release), (1.0 + HOLD_GRACE_S + HOLD_BACKOFF_S, Hold)]
+    assert not w.finished
+
+
+def test_a_held_move_still_steps_its_downtime_limit():
+    _, w, seen = held_run(stalled_passes(until=12), dirty_mibps=200)
+    steps = [a for _, a in seen if isinstance(a, SetDowntime)]
+    assert steps == [SetDowntime(150), SetDowntime(200), SetDowntime(250), SetDowntime(300)]
+
+
+def test_pages_of_zeros_draining_faster_than_the_link_bring_the_hold_forward():
+    # The link says 100 MiB/s, but what is left shrank 40 MiB in 0.1 s (zeros): 400 MiB/s.
+    w, _ = start(BASE, 0.0, can_hold=True)
+    w, seen = decide(BASE, w, 60 * MiB, 1, 0.1, 0, 100 * MiB)
+    assert seen == [] and not polls_fast(w, 60 * MiB, 100 * MiB, 0.2, 0.1)
+    w, seen = decide(BASE, w, 20 * MiB, 1, 0.2, 0, 100 * MiB)
+    assert seen == [] and w.drain_bps == 400 * MiB
+    assert polls_fast(w, 20 * MiB, 100 * MiB, 0.2, 0.2)  # 50 ms left at the pace seen
+    w, seen = decide(BASE, w, 6 * MiB, 1, 0.235, 0, 100 * MiB)
+    assert [type(a) for a in seen] == [Hold]  # 15 ms left, not the link's 60 ms
