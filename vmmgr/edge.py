@@ -40,6 +40,7 @@ from .locks import Lease
 from .paths import Paths
 
 LOCK_WAIT = 60  # s a route change waits for another one to finish
+COMMAND_TIMEOUT = 30  # s
 HOLD_OUT_MAC = "02:76:6d:68:6f:6c"  # vmhold-out's, set by edge-hold.sh: where a release sends
 
 
@@ -217,7 +218,11 @@ class Edge:
 
     def _run(self, *args: str) -> str:
         cmd = [*self.config.command, *self._quoted(list(args))]
-        proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        try:  # an edge that does not answer must not stall a migration's monitor
+            proc = subprocess.run(cmd, capture_output=True, text=True,
+                                  stdin=subprocess.DEVNULL, timeout=COMMAND_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise VmmgrError(f"edge: {' '.join(args)}: {err}") from None
         if proc.returncode != 0:
             raise VmmgrError(f"edge: {' '.join(args)}: {proc.stderr.strip()}")
         return proc.stdout

@@ -105,11 +105,25 @@ class LabNetwork:
         # nor the edge itself.
         _ns(EDGE_NS, "iptables", "-A", "FORWARD", "-i", "wg-edge", "-o", "out0", "-j", "ACCEPT")
         _ns(EDGE_NS, "iptables", "-A", "FORWARD", "-i", "wg-edge", "-o", "wg-edge", "-j", "ACCEPT")
+        # ... or into the hold, for a guest whose switch-over is under way (it goes on into a
+        # tunnel from there).
+        _ns(EDGE_NS, "iptables", "-A", "FORWARD", "-i", "wg-edge", "-o", "vmhold", "-j", "ACCEPT")
         _ns(EDGE_NS, "iptables", "-A", "FORWARD", "-i", "wg-edge", "-j", "DROP")
         _ns(EDGE_NS, "iptables", "-A", "INPUT", "-i", "wg-edge", "-s", POOL, "-j", "DROP")
+        # The outside cannot pass for a guest.
+        _ns(EDGE_NS, "iptables", "-A", "FORWARD", "-i", "out0", "-s", POOL, "-j", "DROP")
+        # What a release sends back in through vmhold-out is the second pass of packets the
+        # edge already tracked (and de-NATed): tracked again, a reply to a connection a guest
+        # opened would look like a new flow clashing with its own NAT entry, and be dropped.
+        _ns(EDGE_NS, "iptables", "-t", "raw", "-A", "PREROUTING", "-i", "vmhold-out", "-j",
+            "NOTRACK")
 
     def _route_guests(self, ns: str, wg_if: str) -> None:
         _forward_without_redirects(ns, GUEST_BRIDGE)
+        # What the edge held through a VM's switch-over arrives at once, before the host has
+        # the VM's MAC. (The kvm_host role sets `default`, read when the bridge is made at
+        # boot; a network namespace has no `default` of its own, so the lab sets the bridge's.)
+        _ns(ns, "sysctl", "-qw", f"net.ipv4.neigh.{GUEST_BRIDGE}.unres_qlen_bytes=4194304")
         _isolate_guests(ns, wg_if)
         rules = _ns(ns, "ip", "rule", "show")
         if f"from {POOL} lookup main suppress_prefixlength 0" not in rules:

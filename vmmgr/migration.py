@@ -319,6 +319,7 @@ class _Migration:
         self.paused = False
         self.routed = False  # the edge sends the VM's address to the target
         self.routing = threading.Lock()  # the switch-over's events against the call's end
+        self.hold_lock = threading.Lock()  # the monitor's hold against the event's release
         self.routing_over = False
         self.hold_edge: Edge | None = None  # an edge that holds the VM's packets (see run())
         self.address: str | None = None
@@ -328,6 +329,7 @@ class _Migration:
         self.resumed_at: float | None = None  # when the target said it runs
         self.last_stats: dict = {}
         self.fast_polls = False  # a hold is on or near: poll every pol.HOLD_POLL_S
+        self.hold_failed = False
         self.progress_lost = False
         self.disks: list[str] = []  # local disks, copied with the memory (set by run())
 
@@ -385,32 +387,33 @@ class _Migration:
         if self.disks:
             self._lay_target_disk()
         watches = self._follow_switchover(address) if address else []
-        try:  # a cancel asked before the job had begun ends the move as one of the job would
-            error = (JobAborted("cancelled before its job began") if self._cancel_asked()
-                     else self._migrate(params, flags, watch))
-        finally:
-            for host, token in watches:
-                host.unwatch(token)
-            with self.routing:
-                self.routing_over = True  # an event still in flight routes nothing now
-        wall_ms = int((time.monotonic() - t0) * 1000)
-        if self.disks:
-            self.tidy_disks()
-        if error is not None:
-            try:
+        try:
+            try:  # a cancel asked before the job had begun ends the move as one of the job would
+                error = (JobAborted("cancelled before its job began") if self._cancel_asked()
+                         else self._migrate(params, flags, watch))
+            finally:
+                for host, token in watches:
+                    host.unwatch(token)
+                with self.routing:
+                    self.routing_over = True  # an event still in flight routes nothing now
+            wall_ms = int((time.monotonic() - t0) * 1000)
+            if self.disks:
+                self.tidy_disks()
+            if error is not None:
                 if self.routed:  # routed to the target at the switch-over, then it failed
-                    self.fleet.route_address(address, self.source)
-            finally:
-                self._release("to the source")  # where the VM runs again (_fail resumes it)
-            self._fail(error, segment)
-        if address and not self.routed:  # no event came, or routing failed then: route it now
-            self._event("routing the address after the fact")
-            try:
+                    try:
+                        self.fleet.route_address(address, self.source)
+                    except Exception as err:  # the VM must still be resumed (_fail)
+                        self._event(f"could not route {address} back to {self.source}: {err}")
+                self._release("to the source")  # what waits there reaches it once resumed
+                self._fail(error, segment)
+            if address and not self.routed:  # no event came, or routing failed then: now
+                self._event("routing the address after the fact")
                 stored(lambda: self.fleet.route_address(address, self.target))
-            finally:
-                self._release("after the fact")
-        self._release("after the fact")  # if the resume's event never came
-        return self._result(started_at, wall_ms)
+            self._release("after the fact")  # if the resume's event never came
+            return self._result(started_at, wall_ms)
+        finally:
+            self._release("as the move ended")  # whatever went wrong: never left held
 
     def _edge_that_holds(self, address: str | None) -> Edge | None:
         """The edge, if it can hold this VM's packets through the switch-over."""
@@ -425,25 +428,30 @@ class _Migration:
 
     def _hold(self, reason: str) -> str | None:
         """Queue what comes for the VM at the edge from now until `_release`: its switch-over
-        is near, and nothing may reach its source once it pauses there."""
-        with self.routing:
+        is near, and nothing may reach its source once it pauses there. Hold and release
+        take turns (`hold_lock`): the monitor holds, the target's event may release."""
+        with self.hold_lock:
             if self.held or self.source_paused or self.routing_over:
                 return None
+            try:
+                self.hold_edge.hold(self.address)
+            except VmmgrError as err:
+                self.hold_failed = True  # QEMU chooses the moment from now on, as without
+                try:
+                    self.hold_edge.release(self.address)  # in case it was made all the same
+                except VmmgrError:
+                    pass
+                return self._event(f"could not hold {self.address} at the edge: {_words(err)}")
             self.held = True
-        try:
-            self.hold_edge.hold(self.address)
-        except VmmgrError as err:
-            self.held = False
-            return self._event(f"could not hold {self.address} at the edge: {_words(err)}")
         return self._event(f"packets for {self.address} held at the edge: {reason}")
 
     def _switch_over(self, reason: str) -> str | None:
         """Pause the VM, its packets held: QEMU sends the rest and starts it on the target."""
         if self.source_paused or not self.held:
             return None  # QEMU paused it already, or the hold failed: QEMU chooses
-        self.paused_at = time.monotonic()
+        before = time.monotonic()
         self.guest.pause()
-        self.paused = True
+        self.paused_at, self.paused = before, True
         self._paused_for_switchover()
         return self._event(f"VM paused on {self.source} for the switch-over: {reason}")
 
@@ -452,16 +460,19 @@ class _Migration:
         self._route_to_target(self.address, "as the source paused for the switch-over")
 
     def _release(self, where: str) -> None:
-        """Let what the edge held for the VM go, to wherever its address is routed now."""
-        with self.routing:
+        """Let what the edge held for the VM go, to wherever its address is routed now. A
+        release that fails is tried again by the next call (the move's end calls it in any
+        case), then by the reconcile once no one holds the VM's lock."""
+        with self.hold_lock:
             if not self.held:
                 return
+            try:
+                self.hold_edge.release(self.address)
+            except VmmgrError as err:
+                self._event(f"could not release {self.address} at the edge: {_words(err)}")
+                return
             self.held = False
-        try:
-            self.hold_edge.release(self.address)
-            self._event(f"packets held for {self.address} released {where}")
-        except VmmgrError as err:  # the reconcile releases it once no move is under way
-            self._event(f"could not release {self.address} at the edge: {_words(err)}")
+        self._event(f"packets held for {self.address} released {where}")
 
     def resume_postcopy(self) -> MigrationResult:
         """Resume the post-copy this VM was left paused in (`PostcopyPaused`), now that the
@@ -593,7 +604,7 @@ class _Migration:
             if event == libvirt.VIR_DOMAIN_EVENT_RESUMED:
                 self.resumed_at = self.resumed_at or time.monotonic()
                 self._route_to_target(address, "at resume")
-                if not self.routing_over:
+                if self.routed and not self.routing_over:  # else run() routes, then releases
                     self._release("to the target at resume")
 
         source = self.fleet.host(self.source)
@@ -742,6 +753,15 @@ class _Migration:
         elapsed = stats.get("time_elapsed", 0) / 1000
         watch, _ = pol.start(self.policy, time.monotonic() - elapsed)
         self._event(f"steering the migration an earlier run left running ({elapsed:.0f} s in)")
+        if stats.get("data_total"):  # past setup (see run()): the earlier run may have held
+            self._apply(pol.SetDowntime(watch.downtime_ms))  # QEMU's limit back (HOLD_BACK_MS)
+        address = address_of(self.guest.xml(inactive=True))
+        edge = self._edge_that_holds(address)
+        if edge is not None:  # what the earlier run held goes where the address points now
+            try:
+                edge.release(address)
+            except VmmgrError as err:
+                self._event(f"could not release {address} at the edge: {_words(err)}")
         local = local_disks.local_disks(self.guest.xml(inactive=True))  # gone from here after
 
         def running() -> bool:
@@ -775,6 +795,14 @@ class _Migration:
                 self.fast_polls = pol.polls_fast(watch, seen.remaining_bytes, seen.speed_bps,
                                                  self.poll_interval, now)
             event = "; ".join(filter(None, (self._apply(a) for a in actions))) or None
+            if self.hold_failed and watch.can_hold:  # the hold's limit for QEMU was set with it
+                watch = replace(watch, can_hold=False, holding_since=None)
+            if (any(isinstance(a, pol.SwitchOver) for a in actions) and not self.paused
+                    and not self.source_paused):  # vmmgr's pause failed: the VM runs on
+                self._release("to the source, still running")
+                self._apply(pol.SetDowntime(pol.HOLD_BACK_MS))
+                watch = replace(watch, finished=False, holding_since=None,
+                                hold_again_at=now + pol.HOLD_BACKOFF_S)
             if self.on_progress:
                 phase = ("postcopy" if self.postcopy_started else
                          "disk" if pol.in_disk_phase(stats) else "precopy")

@@ -212,7 +212,10 @@ class Watch:
 
 # A held switch-over (`decide_hold`): hold when the pass in flight ends within HOLD_LEAD_S (QEMU
 # may pause the VM at its end), polling every HOLD_POLL_S meanwhile; a hold the VM has not
-# paused in within HOLD_GRACE_S is released, and not made again for HOLD_BACKOFF_S.
+# paused in within HOLD_GRACE_S is released, and not made again for HOLD_BACKOFF_S. While no
+# hold is on, QEMU's downtime limit is HOLD_BACK_MS: it pauses the VM by itself only when next
+# to nothing is left.
+HOLD_BACK_MS = 1
 HOLD_LEAD_S = 0.04
 HOLD_POLL_S = 0.01
 HOLD_GRACE_S = 0.25
@@ -223,7 +226,7 @@ def start(policy: Policy, now: float, can_hold: bool = False) -> tuple[Watch, li
     """The monitor's first state, and the downtime limit to set before the first pass."""
     w = Watch(started=now, best_at=now, downtime_ms=policy.downtime_start_ms, stepped_at=now,
               can_hold=can_hold, polled_at=now, pass_from=now)
-    return w, [SetDowntime(policy.downtime_start_ms)]
+    return w, [SetDowntime(HOLD_BACK_MS if can_hold else policy.downtime_start_ms)]
 
 
 def decide_hold(w: Watch, remaining: int, iteration: int, now: float, dirty_bps: int,
@@ -231,17 +234,20 @@ def decide_hold(w: Watch, remaining: int, iteration: int, now: float, dirty_bps:
     """The edge holds the VM's packets from just before its pause, so none reach the paused
     source. QEMU pauses the VM at the end of a pass whose rest fits the downtime limit, a
     moment vmmgr cannot see coming from one pass to the next (a quiet guest's last passes take
-    milliseconds). So the hold begins when the pass in flight is about to end, and QEMU's
-    pause (or vmmgr's, once the rest fits the limit) follows within HOLD_GRACE_S; else the
-    packets go on to the VM, still running on its source, and the hold is tried again later."""
+    milliseconds). So QEMU's limit is held back (HOLD_BACK_MS) until the edge holds; the hold
+    begins when the pass in flight is about to end, with the policy's limit for QEMU, and
+    QEMU's pause (or vmmgr's, once the rest fits the limit) follows within HOLD_GRACE_S; else
+    the packets go on to the VM, still running on its source, the limit is held back again and
+    the hold is tried again later."""
     if w.holding_since is None:
         pace = max(speed_bps, w.drain_bps)
         if now < w.hold_again_at or pace <= 0:
             return w, []
         left_s = remaining / pace
-        if iteration >= 2 or left_s <= HOLD_LEAD_S:
+        if left_s <= HOLD_LEAD_S:
             return replace(w, holding_since=now), [Hold(
-                f"pass {iteration} ends in about {left_s * 1000:.0f} ms")]
+                f"pass {iteration} ends in about {left_s * 1000:.0f} ms"),
+                SetDowntime(w.downtime_ms)]  # held: QEMU may pause the VM as it would
         return w, []
     estimate = paused_estimate_ms(w, remaining, dirty_bps, speed_bps, now)
     if iteration >= 2 and estimate is not None and estimate <= w.downtime_ms:
@@ -249,13 +255,14 @@ def decide_hold(w: Watch, remaining: int, iteration: int, now: float, dirty_bps:
             f"about {estimate:.0f} ms to send with the VM paused (limit {w.downtime_ms} ms)")]
     if now - w.holding_since >= HOLD_GRACE_S:
         return replace(w, holding_since=None, hold_again_at=now + HOLD_BACKOFF_S), [Release(
-            f"not switched over {HOLD_GRACE_S * 1000:.0f} ms after the hold")]
+            f"not switched over {HOLD_GRACE_S * 1000:.0f} ms after the hold"),
+            SetDowntime(HOLD_BACK_MS)]
     return w, []
 
 
 def polls_fast(w: Watch, remaining: int, speed_bps: int, poll_s: float, now: float) -> bool:
     """Whether the monitor should poll every HOLD_POLL_S: a hold is on, or due within a poll."""
-    if not w.can_hold or w.finished:
+    if not w.can_hold or w.finished or w.postcopy:
         return False
     if w.holding_since is not None:
         return True
@@ -311,7 +318,8 @@ def decide(policy: Policy, w: Watch, remaining: int, iteration: int, now: float,
     if iteration > w.iteration:
         if w.iteration >= 1 and (w.best_peak is None or w.pass_peak < w.best_peak):
             w = replace(w, best_peak=w.pass_peak, best_at=now)
-        w = replace(w, iteration=iteration, pass_peak=remaining, pass_from=w.polled_at)
+        w = replace(w, iteration=iteration, pass_peak=remaining, pass_from=w.polled_at,
+                    drain_bps=0)
     else:
         drained = w.last_remaining - remaining
         w = replace(w, pass_peak=max(w.pass_peak, remaining), drain_bps=int(
@@ -336,7 +344,9 @@ def decide(policy: Policy, w: Watch, remaining: int, iteration: int, now: float,
     at_top = w.downtime_ms >= policy.downtime_max_ms
     if not at_top and iteration >= 2 and stalled >= policy.downtime_step_after_s:
         limit = downtime_step(policy, w.downtime_ms)
-        return replace(w, downtime_ms=limit, stepped_at=now), [SetDowntime(limit)]
+        held_back = w.can_hold and w.holding_since is None  # QEMU gets it with the next hold
+        return replace(w, downtime_ms=limit, stepped_at=now), [] if held_back else [
+            SetDowntime(limit)]
     if (at_top and policy.postcopy and iteration >= 2
             and stalled >= policy.postcopy_after_stall_s):
         reason = f"stalled {stalled:.1f} s at the top downtime limit ({w.downtime_ms} ms)"

@@ -9,6 +9,8 @@ refreshes the host snapshot. Nothing a moving VM depends on is touched while it 
 import time
 from dataclasses import asdict
 
+import redis
+
 from . import local_disks, metrics, operations, reclaim, site_images, suspend as suspension
 from .addresses import pool_for
 from .edge import Edge
@@ -28,6 +30,7 @@ def reconcile(fleet: Fleet, report, start=None) -> dict:
     rows = fleet.refresh_view()  # what libvirt and the storage say now (one pass over hosts)
     repaired = repair_records(fleet, report, rows)
     rerouted = repair_edge(fleet, report, rows)
+    rerouted += release_stale_holds(fleet, report)
     snapshot_hosts(fleet)
     swept = sweep_local_disks(fleet, report)  # last: the records and routes come first
     swept += sweep_image_copies(fleet, report)
@@ -162,7 +165,7 @@ def repair_records(fleet: Fleet, report, rows: list[dict]) -> list[str]:
             was = f"{rec.get('state')} on {rec.get('host') or '-'}" if rec else "unrecorded"
             state.set_vm(vm, host=host, state=now, target="")
             report.event(f"{vm}: record repaired: was {was}, libvirt says {now} on {host or '-'}",
-                         vm=vm, kind="repair")
+                         vm=vm or "", kind="repair")
             repaired.append(vm)
     for vm in set(records) - set(truth):
         if not state.holder("vm", vm):
@@ -191,11 +194,33 @@ def repair_edge(fleet: Fleet, report, rows: list[dict]) -> list[str]:
     changed = edge.sync(placement)
     for host in changed:
         report.event(f"edge routes to {host} repaired", host=host, kind="repair")
-    for ip in edge.held():  # a switch-over's hold whose move died before it released it
-        edge.release(ip)
-        report.event(f"packets held at the edge for {ip} released (no move under way)",
-                     kind="repair")
     return changed
+
+
+def release_stale_holds(fleet: Fleet, report) -> list[str]:
+    """Let go what the edge holds for a VM no one moves (a worker died mid switch-over, or a
+    release failed): each to wherever the VM's address is routed now. Returns the addresses."""
+    edge, pool = Edge.load(fleet.paths, fleet.state), pool_for(fleet.paths)
+    if edge is None or pool is None or not edge.can_hold:
+        return []
+    try:
+        held, owners = edge.held(), pool.in_use()
+    except VmmgrError as err:
+        report.event(f"could not ask the edge what it holds: {err}", kind="repair")
+        return []
+    released = []
+    for ip in held:
+        vm = owners.get(ip)
+        try:
+            if vm and fleet.state.holder("vm", vm):
+                continue  # its move may be switching over now: it releases, or its lock lapses
+            edge.release(ip)
+        except (VmmgrError, redis.RedisError):
+            continue  # the next pass tries again
+        report.event(f"packets held at the edge for {ip} released (no move under way)",
+                     vm=vm or "", kind="repair")
+        released.append(ip)
+    return released
 
 
 def snapshot_hosts(fleet: Fleet) -> None:

@@ -214,7 +214,8 @@ def test_site_yml_sets_up_a_host_and_an_edge_and_a_second_run_changes_nothing(tr
     assert 'iifname "br-guest" oifname { "br-guest", "wg0" } accept' in guest_fw
     assert guest_fw.count('iifname "br-guest" drop') == 2  # forward and input
     edge_fw = (edge / "etc/nftables.conf").read_text()
-    assert 'iifname "wg0" oifname { "eth1", "wg0" } accept' in edge_fw
+    assert 'iifname "wg0" oifname { "eth1", "wg0", "vmhold" } accept' in edge_fw
+    assert 'iifname "vmhold-out" notrack' in edge_fw
     assert 'iifname "wg0" drop' in edge_fw
 
     # WireGuard: each side has its own root-only key and the other's public key.

@@ -1,0 +1,97 @@
+"""A move's hold at the edge (`_Migration._hold`, `_release`, `_switch_over`): every hold is
+let go exactly once, a failed release is tried again, a failed hold hands the moment back to
+QEMU. The edge and the guest are stand-ins; the lab test (test_network) runs the real ones."""
+
+import threading
+
+import pytest
+
+from vmmgr.errors import VmmgrError
+from vmmgr.migration import _Migration
+
+
+class FakeEdge:
+    def __init__(self, fail=()):
+        self.calls, self.fail = [], set(fail)
+
+    def hold(self, ip):
+        self.calls.append(("hold", ip))
+        if "hold" in self.fail:
+            raise VmmgrError("edge: no answer")
+
+    def release(self, ip):
+        self.calls.append(("release", ip))
+        if "release" in self.fail:
+            raise VmmgrError("edge: no answer")
+
+
+class FakeGuest:
+    def __init__(self, pause_error=None):
+        self.pause_error, self.paused = pause_error, False
+
+    def pause(self):
+        if self.pause_error:
+            raise self.pause_error
+        self.paused = True
+
+
+def move(edge, guest=None):
+    m = _Migration.__new__(_Migration)
+    m.hold_edge, m.guest, m.address = edge, guest or FakeGuest(), "10.78.0.2"
+    m.source, m.target, m.events = "host1", "host2", []
+    m.held = m.source_paused = m.routing_over = m.routed = m.paused = m.hold_failed = False
+    m.paused_at = None
+    m.routing, m.hold_lock = threading.Lock(), threading.Lock()
+    m._route_to_target = lambda address, why: setattr(m, "routed", True)
+    return m
+
+
+def test_a_hold_is_released_once_whoever_asks():
+    edge = FakeEdge()
+    m = move(edge)
+    m._hold("pass 1 ends in about 15 ms")
+    m._release("to the target at resume")
+    m._release("as the move ended")  # the run's end: nothing left to let go
+    assert edge.calls == [("hold", "10.78.0.2"), ("release", "10.78.0.2")] and not m.held
+    assert "packets held for 10.78.0.2 released to the target at resume" in m.events
+
+
+def test_no_hold_once_the_source_paused_or_the_move_ended():
+    edge = FakeEdge()
+    m = move(edge)
+    m.source_paused = True  # QEMU paused it first: a hold now would only delay
+    assert m._hold("late") is None
+    m.source_paused, m.routing_over = False, True
+    assert m._hold("later") is None and edge.calls == []
+
+
+def test_a_failed_release_keeps_the_hold_for_the_next_try():
+    edge = FakeEdge(fail={"release"})
+    m = move(edge)
+    m._hold("soon")
+    m._release("to the target at resume")
+    assert m.held and any(e.startswith("could not release 10.78.0.2 at the edge") for e in m.events)
+    edge.fail.clear()
+    m._release("as the move ended")
+    assert not m.held and edge.calls[-1] == ("release", "10.78.0.2")
+
+
+def test_a_failed_hold_hands_the_moment_to_qemu_and_undoes_what_it_may_have_made():
+    edge = FakeEdge(fail={"hold"})
+    m = move(edge)
+    assert "could not hold 10.78.0.2" in m._hold("soon")
+    assert m.hold_failed and not m.held
+    assert edge.calls == [("hold", "10.78.0.2"), ("release", "10.78.0.2")]
+
+
+def test_vmmgrs_own_pause_routes_to_the_target_and_a_failed_one_changes_nothing():
+    m = move(FakeEdge())
+    assert m._switch_over("about 41 ms") is None  # nothing held: QEMU chooses
+    m._hold("soon")
+    assert "VM paused on host1 for the switch-over" in m._switch_over("about 41 ms")
+    assert m.paused and m.source_paused and m.routed and m.paused_at is not None
+    m = move(FakeEdge(), FakeGuest(pause_error=VmmgrError("domain is not running")))
+    m._hold("soon")
+    with pytest.raises(VmmgrError):
+        m._switch_over("about 41 ms")
+    assert not m.paused and m.paused_at is None and not m.routed and m.held
