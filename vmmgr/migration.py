@@ -795,8 +795,9 @@ class _Migration:
                 self.fast_polls = pol.polls_fast(watch, seen.remaining_bytes, seen.speed_bps,
                                                  self.poll_interval, now)
             event = "; ".join(filter(None, (self._apply(a) for a in actions))) or None
-            if self.hold_failed and watch.can_hold:  # the hold's limit for QEMU was set with it
+            if self.hold_failed and watch.can_hold:  # QEMU chooses the moment, as without
                 watch = replace(watch, can_hold=False, holding_since=None)
+                self._apply(pol.SetDowntime(watch.downtime_ms))
             if (any(isinstance(a, pol.SwitchOver) for a in actions) and not self.paused
                     and not self.source_paused):  # vmmgr's pause failed: the VM runs on
                 self._release("to the source, still running")

@@ -203,6 +203,7 @@ class Watch:
     disk_s: float = 0.0  # how long the local disks' copy took before the memory's began
     can_hold: bool = False  # the edge can hold the VM's packets (see `decide_hold`)
     holding_since: float | None = None
+    limit_given: bool = False  # QEMU has the policy's limit (some time into a hold)
     hold_again_at: float = 0.0
     polled_at: float = 0.0  # the last poll
     last_remaining: int = 0  # what was left to send at the last poll
@@ -216,6 +217,9 @@ class Watch:
 # hold is on, QEMU's downtime limit is HOLD_BACK_MS: it pauses the VM by itself only when next
 # to nothing is left.
 HOLD_BACK_MS = 1
+# QEMU gets its limit HOLD_GUARD_S after the hold: what the edge sent just before it reaches the
+# VM while it still runs, not a source about to pause.
+HOLD_GUARD_S = 0.01
 HOLD_LEAD_S = 0.04
 HOLD_POLL_S = 0.01
 HOLD_GRACE_S = 0.25
@@ -245,16 +249,20 @@ def decide_hold(w: Watch, remaining: int, iteration: int, now: float, dirty_bps:
             return w, []
         left_s = remaining / pace
         if left_s <= HOLD_LEAD_S:
-            return replace(w, holding_since=now), [Hold(
-                f"pass {iteration} ends in about {left_s * 1000:.0f} ms"),
-                SetDowntime(w.downtime_ms)]  # held: QEMU may pause the VM as it would
+            return replace(w, holding_since=now, limit_given=False), [Hold(
+                f"pass {iteration} ends in about {left_s * 1000:.0f} ms")]
         return w, []
+    if now - w.holding_since < HOLD_GUARD_S:
+        return w, []
+    if not w.limit_given:  # held: QEMU may pause the VM as it would
+        return replace(w, limit_given=True), [SetDowntime(w.downtime_ms)]
     estimate = paused_estimate_ms(w, remaining, dirty_bps, speed_bps, now)
     if iteration >= 2 and estimate is not None and estimate <= w.downtime_ms:
         return replace(w, finished=True), [SwitchOver(
             f"about {estimate:.0f} ms to send with the VM paused (limit {w.downtime_ms} ms)")]
     if now - w.holding_since >= HOLD_GRACE_S:
-        return replace(w, holding_since=None, hold_again_at=now + HOLD_BACKOFF_S), [Release(
+        return replace(w, holding_since=None, limit_given=False,
+                       hold_again_at=now + HOLD_BACKOFF_S), [Release(
             f"not switched over {HOLD_GRACE_S * 1000:.0f} ms after the hold"),
             SetDowntime(HOLD_BACK_MS)]
     return w, []
@@ -344,7 +352,8 @@ def decide(policy: Policy, w: Watch, remaining: int, iteration: int, now: float,
     at_top = w.downtime_ms >= policy.downtime_max_ms
     if not at_top and iteration >= 2 and stalled >= policy.downtime_step_after_s:
         limit = downtime_step(policy, w.downtime_ms)
-        held_back = w.can_hold and w.holding_since is None  # QEMU gets it with the next hold
+        # Held back, QEMU gets it with the next hold.
+        held_back = w.can_hold and not (w.holding_since is not None and w.limit_given)
         return replace(w, downtime_ms=limit, stepped_at=now), [] if held_back else [
             SetDowntime(limit)]
     if (at_top and policy.postcopy and iteration >= 2

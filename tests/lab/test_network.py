@@ -199,3 +199,56 @@ def test_guests_reach_the_outside_but_not_the_management_plane_nor_spoof(make_vm
         listener.wait(10)
         for rule in counters:
             subprocess.run(["ip", "netns", "exec", EDGE_NS, "iptables", "-D", "FORWARD", *rule])
+
+
+def probe(address, seconds=1.0) -> dict:
+    """ICMP echo requests from outside every 2 ms for `seconds`: how many came back."""
+    proc = in_client("net_probe.py", address, seconds, 0.002)
+    out, err = proc.communicate(timeout=seconds + 30)
+    assert proc.returncode == 0, err
+    return json.loads(out)
+
+
+def wait_until(check, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what()
+        time.sleep(0.5)
+
+
+def test_a_hold_left_at_the_edge_is_released_and_an_edge_that_cannot_hold_moves_as_before(
+        make_vm, fleet, paths):
+    """Faults of the switch-over's hold. (1) A worker killed mid switch-over leaves the VM's
+    packets held at the edge: the reconcile lets them go once no one holds the VM's lock, and
+    the VM answers again. (2) An edge whose hold is gone (its veth pair deleted) fails the hold:
+    the move goes on as without one (QEMU chooses the moment), and the VM runs on the target."""
+    from vmmgr.lab_net import EDGE_NS, edge_hold_script
+
+    make_vm("held1", host="host1", workload="idle")
+    address = pool_for(paths).address_of("held1")
+    edge = Edge.load(paths, fleet.state)
+    wait_until(lambda: probe(address, 0.5)["received"] > 0, 60, lambda: "held1 never answered")
+
+    edge.hold(address)  # what a move's worker would leave if it died between hold and release
+    assert edge.held() == [address]
+    seen = probe(address, 0.5)  # held: no answer, or late once the reconcile let them go
+    assert seen["received"] < seen["sent"] or seen["max_rtt_ms"] > 100, seen
+    wait_until(lambda: edge.held() == [], 60, lambda: f"still held: {edge.held()}")
+    assert any(e["message"] == f"packets held at the edge for {address} released (no move "
+               "under way)" for e in fleet.state.events(200, vm="held1"))
+    seen = probe(address, 0.5)
+    assert seen["received"] == seen["sent"], seen
+
+    subprocess.run(["ip", "-n", EDGE_NS, "link", "del", "vmhold"], check=True)
+    try:
+        hop = json.loads(cli("migrate", "held1", "--to", "host2", "--json", check_code=0).stdout)
+        assert any(e.startswith(f"could not hold {address} at the edge") for e in hop["events"]), (
+            hop["events"])
+        assert (f"address {address} routed to host2 as the source paused for the switch-over"
+                in hop["events"]), hop["events"]
+    finally:
+        subprocess.run(["ip", "netns", "exec", EDGE_NS, "sh", "-c",
+                        edge_hold_script().decode()], check=True)
+    assert where_defined(fleet, "held1") == ["host2"]
+    seen = probe(address, 0.5)
+    assert seen["received"] == seen["sent"], seen
