@@ -440,7 +440,7 @@ class _Migration:
                 try:
                     self.hold_edge.release(self.address)  # in case it was made all the same
                 except VmmgrError:
-                    pass
+                    self.held = True  # may be: released by the move's end, or the reconcile
                 return self._event(f"could not hold {self.address} at the edge: {_words(err)}")
             self.held = True
         return self._event(f"packets for {self.address} held at the edge: {reason}")
@@ -789,21 +789,21 @@ class _Migration:
                 watch, actions = pol.decide_disk(self.policy, watch, now)
             elif stats.get("data_total"):  # past setup: see run()
                 seen = JobProgress.from_stats(stats)
+                memory_left = stats.get("memory_remaining", seen.remaining_bytes)
                 watch, actions = pol.decide(self.policy, watch, seen.remaining_bytes,
                                             seen.iteration, now, seen.dirty_rate_bps,
-                                            seen.speed_bps)
-                self.fast_polls = pol.polls_fast(watch, seen.remaining_bytes, seen.speed_bps,
+                                            seen.speed_bps, memory_left)
+                self.fast_polls = pol.polls_fast(watch, memory_left, seen.speed_bps,
                                                  self.poll_interval, now)
             event = "; ".join(filter(None, (self._apply(a) for a in actions))) or None
             if self.hold_failed and watch.can_hold:  # QEMU chooses the moment, as without
                 watch = replace(watch, can_hold=False, holding_since=None)
                 self._apply(pol.SetDowntime(watch.downtime_ms))
             if (any(isinstance(a, pol.SwitchOver) for a in actions) and not self.paused
-                    and not self.source_paused):  # vmmgr's pause failed: the VM runs on
-                self._release("to the source, still running")
-                self._apply(pol.SetDowntime(pol.HOLD_BACK_MS))
-                watch = replace(watch, finished=False, holding_since=None,
-                                hold_again_at=now + pol.HOLD_BACKOFF_S)
+                    and not self.source_paused):  # vmmgr's pause failed: the VM runs on,
+                self._apply(pol.SetDowntime(pol.HOLD_BACK_MS))  # its hold given up as any
+                watch = replace(watch, finished=False,
+                                release_at=now + pol.QEMU_LIMIT_LAG_S)
             if self.on_progress:
                 phase = ("postcopy" if self.postcopy_started else
                          "disk" if pol.in_disk_phase(stats) else "precopy")

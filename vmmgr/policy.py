@@ -204,9 +204,10 @@ class Watch:
     can_hold: bool = False  # the edge can hold the VM's packets (see `decide_hold`)
     holding_since: float | None = None
     limit_given: bool = False  # QEMU has the policy's limit (some time into a hold)
+    release_at: float | None = None  # a hold given up: let go once QEMU is held back again
     hold_again_at: float = 0.0
     polled_at: float = 0.0  # the last poll
-    last_remaining: int = 0  # what was left to send at the last poll
+    last_remaining: int = 0  # what was left of the memory at the last poll
     drain_bps: int = 0  # how fast what is left shrank between the last two polls of a pass
     pass_from: float = 0.0  # the current pass began after this (the poll before it was seen)
 
@@ -220,6 +221,9 @@ HOLD_BACK_MS = 1
 # QEMU gets its limit HOLD_GUARD_S after the hold: what the edge sent just before it reaches the
 # VM while it still runs, not a source about to pause.
 HOLD_GUARD_S = 0.01
+# QEMU reads a new downtime limit when it next measures the link: up to 100 ms later
+# (BUFFER_DELAY in its migration.c). A hold given up is let go only once that has passed.
+QEMU_LIMIT_LAG_S = 0.11
 HOLD_LEAD_S = 0.04
 HOLD_POLL_S = 0.01
 HOLD_GRACE_S = 0.25
@@ -257,15 +261,32 @@ def decide_hold(w: Watch, remaining: int, iteration: int, now: float, dirty_bps:
     if not w.limit_given:  # held: QEMU may pause the VM as it would
         return replace(w, limit_given=True), [SetDowntime(w.downtime_ms)]
     estimate = paused_estimate_ms(w, remaining, dirty_bps, speed_bps, now)
+    if w.release_at is not None:  # given up: QEMU held back again, the hold goes after its lag
+        if now < w.release_at:
+            return w, []
+        return replace(w, holding_since=None, limit_given=False, release_at=None,
+                       hold_again_at=now + HOLD_BACKOFF_S), [Release(
+            f"not switched over {HOLD_GRACE_S * 1000:.0f} ms after the hold")]
     if iteration >= 2 and estimate is not None and estimate <= w.downtime_ms:
         return replace(w, finished=True), [SwitchOver(
             f"about {estimate:.0f} ms to send with the VM paused (limit {w.downtime_ms} ms)")]
     if now - w.holding_since >= HOLD_GRACE_S:
-        return replace(w, holding_since=None, limit_given=False,
-                       hold_again_at=now + HOLD_BACKOFF_S), [Release(
-            f"not switched over {HOLD_GRACE_S * 1000:.0f} ms after the hold"),
-            SetDowntime(HOLD_BACK_MS)]
+        return replace(w, release_at=now + QEMU_LIMIT_LAG_S), [SetDowntime(HOLD_BACK_MS)]
     return w, []
+
+
+def stop_holding(w: Watch, actions: list, why: str = "") -> tuple[Watch, list]:
+    """vmmgr gives the moment of the switch-over back to QEMU: before a decision that ends its
+    steering (post-copy, an abort, a forced pause: none of them must find QEMU held back, should
+    it fail), or when no hold came while the guest stalled at the top limit. A hold on stays
+    for the switch-over that follows, but not for an abort."""
+    if not w.can_hold:
+        return w, actions
+    before: list = [SetDowntime(w.downtime_ms)]
+    if w.holding_since is not None and (why or any(isinstance(a, Abort) for a in actions)):
+        before.append(Release(why or "the move is given up"))
+        w = replace(w, holding_since=None)
+    return replace(w, can_hold=False, release_at=None), before + actions
 
 
 def polls_fast(w: Watch, remaining: int, speed_bps: int, poll_s: float, now: float) -> bool:
@@ -318,9 +339,12 @@ def decide_disk(policy: Policy, w: Watch, now: float) -> tuple[Watch, list]:
 
 
 def decide(policy: Policy, w: Watch, remaining: int, iteration: int, now: float,
-           dirty_bps: int = 0, speed_bps: int = 0) -> tuple[Watch, list]:
+           dirty_bps: int = 0, speed_bps: int = 0,
+           memory_left: int | None = None) -> tuple[Watch, list]:
     """One poll's decisions, from the bytes still to send and the pre-copy pass number (from 1);
-    with a held switch-over also the guest's dirty rate and the link's speed (bytes/s)."""
+    with a held switch-over also the guest's dirty rate, the link's speed (bytes/s) and what
+    is left of the memory alone (a local disk's mirror counts in `remaining`, not in a pass)."""
+    memory_left = remaining if memory_left is None else memory_left
     if w.finished or w.postcopy:
         return w, []  # post-copy cannot be steered back; an ordered abort or pause stands
     if iteration > w.iteration:
@@ -329,10 +353,10 @@ def decide(policy: Policy, w: Watch, remaining: int, iteration: int, now: float,
         w = replace(w, iteration=iteration, pass_peak=remaining, pass_from=w.polled_at,
                     drain_bps=0)
     else:
-        drained = w.last_remaining - remaining
+        drained = w.last_remaining - memory_left
         w = replace(w, pass_peak=max(w.pass_peak, remaining), drain_bps=int(
             drained / (now - w.polled_at)) if drained > 0 and now > w.polled_at else 0)
-    w = replace(w, polled_at=now, last_remaining=remaining)
+    w = replace(w, polled_at=now, last_remaining=memory_left)
     stalled = now - max(w.best_at, w.stepped_at)
     elapsed = now - w.started
 
@@ -342,10 +366,10 @@ def decide(policy: Policy, w: Watch, remaining: int, iteration: int, now: float,
     elif now - w.best_at >= policy.progress_timeout_s:
         timeout = f"no progress for {policy.progress_timeout_s:g} s"
     if timeout:
-        return _on_timeout(policy, w, timeout)
+        return stop_holding(*_on_timeout(policy, w, timeout))
 
     if w.can_hold:
-        w, actions = decide_hold(w, remaining, iteration, now, dirty_bps, speed_bps)
+        w, actions = decide_hold(w, memory_left, iteration, now, dirty_bps, speed_bps)
         if actions:
             return w, actions
 
@@ -356,10 +380,13 @@ def decide(policy: Policy, w: Watch, remaining: int, iteration: int, now: float,
         held_back = w.can_hold and not (w.holding_since is not None and w.limit_given)
         return replace(w, downtime_ms=limit, stepped_at=now), [] if held_back else [
             SetDowntime(limit)]
+    if at_top and w.can_hold and iteration >= 2 and stalled >= policy.downtime_step_after_s:
+        return stop_holding(replace(w, stepped_at=now), [],
+                            f"no switch-over within the top limit ({w.downtime_ms} ms)")
     if (at_top and policy.postcopy and iteration >= 2
             and stalled >= policy.postcopy_after_stall_s):
         reason = f"stalled {stalled:.1f} s at the top downtime limit ({w.downtime_ms} ms)"
-        return replace(w, postcopy=True), [StartPostCopy(reason)]
+        return stop_holding(replace(w, postcopy=True), [StartPostCopy(reason)])
     return w, []
 
 

@@ -229,10 +229,14 @@ def test_a_hold_left_at_the_edge_is_released_and_an_edge_that_cannot_hold_moves_
     edge = Edge.load(paths, fleet.state)
     wait_until(lambda: probe(address, 0.5)["received"] > 0, 60, lambda: "held1 never answered")
 
-    edge.hold(address)  # what a move's worker would leave if it died between hold and release
-    assert edge.held() == [address]
-    seen = probe(address, 0.5)  # held: no answer, or late once the reconcile let them go
-    assert seen["received"] < seen["sent"] or seen["max_rtt_ms"] > 100, seen
+    # What a move's worker leaves if it dies between hold and release. While its lock is held
+    # the reconcile leaves the hold alone (the move may be switching over); then it lets go.
+    with fleet.lock_vm("held1", "a move that dies mid switch-over"):
+        edge.hold(address)
+        seen = probe(address, 0.5)
+        assert seen["received"] == 0, seen  # held: nothing answered
+        time.sleep(6)  # a reconcile pass or more
+        assert edge.held() == [address]
     wait_until(lambda: edge.held() == [], 60, lambda: f"still held: {edge.held()}")
     assert any(e["message"] == f"packets held at the edge for {address} released (no move "
                "under way)" for e in fleet.state.events(200, vm="held1"))
@@ -242,8 +246,8 @@ def test_a_hold_left_at_the_edge_is_released_and_an_edge_that_cannot_hold_moves_
     subprocess.run(["ip", "-n", EDGE_NS, "link", "del", "vmhold"], check=True)
     try:
         hop = json.loads(cli("migrate", "held1", "--to", "host2", "--json", check_code=0).stdout)
-        assert any(e.startswith(f"could not hold {address} at the edge") for e in hop["events"]), (
-            hop["events"])
+        # Tried and failed (or, this quiet guest switching over at once, not tried): never made.
+        assert not any("held at the edge" in e for e in hop["events"]), hop["events"]
         assert (f"address {address} routed to host2 as the source paused for the switch-over"
                 in hop["events"]), hop["events"]
     finally:

@@ -95,3 +95,66 @@ def test_vmmgrs_own_pause_routes_to_the_target_and_a_failed_one_changes_nothing(
     with pytest.raises(VmmgrError):
         m._switch_over("about 41 ms")
     assert not m.paused and m.paused_at is None and not m.routed and m.held
+
+
+# ---- the reconcile lets go of holds no move will release ---------------------------------
+
+class HeldEdge:
+    can_hold = True
+
+    def __init__(self, held, fail=()):
+        self.holding, self.fail, self.released = list(held), set(fail), []
+
+    def held(self):
+        if "held" in self.fail:
+            raise VmmgrError("edge: vmhold: no such device")
+        return list(self.holding)
+
+    def release(self, ip):
+        if ip in self.fail:
+            raise VmmgrError("edge: no answer")
+        self.released.append(ip)
+        self.holding.remove(ip)
+
+
+class Events:
+    def __init__(self):
+        self.seen = []
+
+    def event(self, message, vm="", host="", kind="info"):
+        self.seen.append((message, vm))
+
+
+def reconcile_with(mocker, redis_url, edge, owners):
+    from vmmgr import reconcile
+    from vmmgr.state import FleetState
+
+    fleet = mocker.Mock(state=FleetState(redis_url))
+    mocker.patch.object(reconcile.Edge, "load", return_value=edge)
+    mocker.patch.object(reconcile, "pool_for", return_value=mocker.Mock(
+        in_use=lambda: owners))
+    report = Events()
+    return reconcile.release_stale_holds, fleet, report
+
+
+def test_the_reconcile_releases_holds_whose_vm_no_one_locks_and_leaves_a_moving_one(
+        mocker, redis_url):
+    from vmmgr.locks import Lease
+
+    edge = HeldEdge(["10.78.0.2", "10.78.0.3", "10.78.0.9"], fail={"10.78.0.9"})
+    release, fleet, report = reconcile_with(
+        mocker, redis_url, edge, {"10.78.0.2": "vm2", "10.78.0.3": "vm3", "10.78.0.9": "vm9"})
+    with Lease(fleet.state, "vm", "vm3", "node-a:1", "migration of vm3 to host2"):
+        assert release(fleet, report) == ["10.78.0.2"]  # vm3 moves; 10.78.0.9 failed: next pass
+    assert edge.holding == ["10.78.0.3", "10.78.0.9"]
+    assert report.seen == [("packets held at the edge for 10.78.0.2 released (no move under "
+                            "way)", "vm2")]
+    edge.fail.clear()
+    assert release(fleet, report) == ["10.78.0.3", "10.78.0.9"] and edge.holding == []
+
+
+def test_an_edge_that_cannot_say_what_it_holds_does_not_stop_the_pass(mocker, redis_url):
+    edge = HeldEdge(["10.78.0.2"], fail={"held"})
+    release, fleet, report = reconcile_with(mocker, redis_url, edge, {"10.78.0.2": "vm2"})
+    assert release(fleet, report) == [] and edge.released == []
+    assert report.seen[0][0].startswith("could not ask the edge what it holds")
