@@ -19,9 +19,9 @@ import libvirt
 import redis
 
 from . import console, local_disks, policy as pol, site_images
+from .edge import Edge
 from .errors import Conflict, JobAborted, MigrationFailed, NotFound, PostcopyPaused, VmmgrError
 from .fleet import Fleet, require_active, require_other_host
-from .edge import Edge
 from .guest import Guest
 from .locks import Lease
 from .placement import refusal
@@ -410,10 +410,9 @@ class _Migration:
             if address and not self.routed:  # no event came, or routing failed then: now
                 self._event("routing the address after the fact")
                 stored(lambda: self.fleet.route_address(address, self.target))
-            self._release("after the fact")  # if the resume's event never came
             return self._result(started_at, wall_ms)
-        finally:
-            self._release("as the move ended")  # whatever went wrong: never left held
+        finally:  # if the resume's event never came, or whatever went wrong: never left held
+            self._release("as the move ended")
 
     def _edge_that_holds(self, address: str | None) -> Edge | None:
         """The edge, if it can hold this VM's packets through the switch-over."""
