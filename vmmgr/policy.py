@@ -1,7 +1,8 @@
 """How a migration is steered: named policies and the pure decisions that apply them.
 
 The migration monitor polls libvirt's job stats and feeds them to `decide` with the current time;
-`decide` returns what to do (raise the downtime limit, switch to post-copy, abort, pause the guest)
+`decide` returns what to do (raise the downtime limit, switch to post-copy, abort, pause the guest;
+with an edge that holds, hold and release the VM's packets around its switch-over: `decide_hold`)
 and the monitor's next state. No clock, no libvirt: every rule tests with plain numbers.
 
 Progress means a pass that starts with less to send than any before it. Each pre-copy pass starts by
@@ -260,13 +261,13 @@ def decide_hold(w: Watch, remaining: int, iteration: int, now: float, dirty_bps:
         return w, []
     if not w.limit_given:  # held: QEMU may pause the VM as it would
         return replace(w, limit_given=True), [SetDowntime(w.downtime_ms)]
-    estimate = paused_estimate_ms(w, remaining, dirty_bps, speed_bps, now)
     if w.release_at is not None:  # given up: QEMU held back again, the hold goes after its lag
         if now < w.release_at:
             return w, []
         return replace(w, holding_since=None, limit_given=False, release_at=None,
                        hold_again_at=now + HOLD_BACKOFF_S), [Release(
             f"not switched over {HOLD_GRACE_S * 1000:.0f} ms after the hold")]
+    estimate = paused_estimate_ms(w, remaining, dirty_bps, speed_bps, now)
     if iteration >= 2 and estimate is not None and estimate <= w.downtime_ms:
         return replace(w, finished=True), [SwitchOver(
             f"about {estimate:.0f} ms to send with the VM paused (limit {w.downtime_ms} ms)")]
