@@ -74,6 +74,20 @@ class TrainingReport:
     def identical(self) -> bool:
         return bool(self.moved_losses) and self.moved_losses == self.still_losses
 
+    def first_difference(self) -> str:
+        """Where the runs part ways, and the moves made before that step (one of them lost
+        something): the error's detail, so that a rare failure can be traced to its move."""
+        for moved, still in zip(self.moved_losses, self.still_losses):
+            if moved != still:
+                step = int(moved.split()[0]) if moved.split()[0].isdigit() else 0
+                before = [f"{m.vm} {m.kind} {m.source}->{m.target} at step {m.step}"
+                          for m in self.moves if m.step <= step]
+                return (f"step {step}: moved {moved!r}, never moved {still!r}; moves before "
+                        f"it: {'; '.join(before) or 'none'}")
+        if len(self.moved_losses) != len(self.still_losses):
+            return f"{len(self.moved_losses)} lines moved, {len(self.still_losses)} never moved"
+        return "none"
+
 
 def next_target(vm: str, where: dict[str, str], free_mib: dict[str, int], memory_mib: int,
                 visits: dict[str, int]) -> str | None:

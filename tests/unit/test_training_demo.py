@@ -58,6 +58,18 @@ def test_identical_means_every_loss_the_same_and_some_losses():
     assert not r.identical
 
 
+def test_the_first_difference_names_its_step_and_the_moves_before_it():
+    r = td.TrainingReport(moves=[td.Move("train-a", "live", "host3", "host1", 1),
+                                 td.Move("train-b", "live", "host3", "host2", 5)],
+                          moved_losses=["1 0.5", "2 0.25000000000000006", "3 0.125"],
+                          still_losses=["1 0.5", "2 0.25", "3 0.125"])
+    assert r.first_difference() == (
+        "step 2: moved '2 0.25000000000000006', never moved '2 0.25'; moves before it: "
+        "train-a live host3->host1 at step 1")
+    r.moved_losses = r.still_losses[:2]
+    assert r.first_difference() == "2 lines moved, 3 never moved"
+
+
 def test_the_plot_is_a_png_with_both_curves(tmp_path):
     losses = [f"{i} {1 / i!r}" for i in range(1, 101)]
     report = td.TrainingReport(

@@ -90,7 +90,8 @@ def _training(paths, hosts: int, keep_lab: bool, moves: int, steps: int, plot: P
                f"never moved; final loss {last[1]} at step {last[0]}")
     click.echo(f"plot: {report.plot}")
     if not report.identical:
-        raise VmmgrError("the moved run's losses differ from the run that never moved")
+        raise VmmgrError("the moved run's losses differ from the run that never moved; first: "
+                         + report.first_difference())
     click.echo(f"losses BIT-IDENTICAL after {len(report.moves)} moves")
     if report.session_rc != 0:
         raise VmmgrError("the SSH session to the moving VM did not survive the moves")
