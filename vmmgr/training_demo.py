@@ -79,7 +79,8 @@ class TrainingReport:
         something): the error's detail, so that a rare failure can be traced to its move."""
         for moved, still in zip(self.moved_losses, self.still_losses):
             if moved != still:
-                step = int(moved.split()[0]) if moved.split()[0].isdigit() else 0
+                words = moved.split()
+                step = int(words[0]) if words and words[0].isdigit() else 0
                 before = [f"{m.vm} {m.kind} {m.source}->{m.target} at step {m.step}"
                           for m in self.moves if m.step <= step]
                 return (f"step {step}: moved {moved!r}, never moved {still!r}; moves before "

@@ -66,6 +66,8 @@ def test_the_first_difference_names_its_step_and_the_moves_before_it():
     assert r.first_difference() == (
         "step 2: moved '2 0.25000000000000006', never moved '2 0.25'; moves before it: "
         "train-a live host3->host1 at step 1")
+    r.moved_losses = ["1 0.5", ""]  # a torn line: still an answer, not an exception
+    assert r.first_difference().startswith("step 0: moved '', never moved '2 0.25'")
     r.moved_losses = r.still_losses[:2]
     assert r.first_difference() == "2 lines moved, 3 never moved"
 
