@@ -212,10 +212,15 @@ def release_stale_holds(fleet: Fleet, report) -> list[str]:
     for ip in held:
         vm = owners.get(ip)
         try:
-            if vm and fleet.state.holder("vm", vm):
-                continue  # its move may be switching over now: it releases, or its lock lapses
-            edge.release(ip)
-        except (VmmgrError, redis.RedisError):
+            if vm:
+                # Under the VM's lock: a move that started since `held` was read must not lose
+                # the hold it just took. A locked VM may be switching over: its move releases,
+                # or its lock lapses and a later pass does.
+                with fleet.lock_vm(vm, f"release of the packets the edge holds for {vm}"):
+                    edge.release(ip)
+            else:
+                edge.release(ip)
+        except (VmmgrError, redis.RedisError):  # Conflict (locked) is a VmmgrError
             continue  # the next pass tries again
         report.event(f"packets held at the edge for {ip} released (no move under way)",
                      vm=vm or "", kind="repair")

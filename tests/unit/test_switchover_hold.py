@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from vmmgr.errors import VmmgrError
+from vmmgr.errors import Conflict, VmmgrError
 from vmmgr.migration import _Migration
 
 
@@ -129,7 +129,10 @@ def reconcile_with(mocker, redis_url, edge, owners):
     from vmmgr import reconcile
     from vmmgr.state import FleetState
 
+    from vmmgr.locks import Lease
+
     fleet = mocker.Mock(state=FleetState(redis_url))
+    fleet.lock_vm = lambda vm, what: Lease(fleet.state, "vm", vm, "reconcile:1", what)
     mocker.patch.object(reconcile.Edge, "load", return_value=edge)
     mocker.patch.object(reconcile, "pool_for", return_value=mocker.Mock(
         in_use=lambda: owners))
@@ -151,6 +154,30 @@ def test_the_reconcile_releases_holds_whose_vm_no_one_locks_and_leaves_a_moving_
                             "way)", "vm2")]
     edge.fail.clear()
     assert release(fleet, report) == ["10.78.0.3", "10.78.0.9"] and edge.holding == []
+
+
+def test_the_reconcile_releases_under_the_vms_lock_so_a_move_cannot_start_meanwhile(
+        mocker, redis_url):
+    from vmmgr.locks import Lease
+
+    edge = HeldEdge(["10.78.0.2", "10.78.0.7"])
+    release, fleet, report = reconcile_with(mocker, redis_url, edge, {"10.78.0.2": "vm2"})
+    holders = []
+    real_release = edge.release
+
+    def release_and_look(ip):
+        holders.append((ip, fleet.state.holder("vm", "vm2")))
+        if ip == "10.78.0.2":
+            with pytest.raises(Conflict):  # a move that starts now is refused until we are done
+                with Lease(fleet.state, "vm", "vm2", "node-a:1", "migration of vm2 to host2"):
+                    pass
+        real_release(ip)
+
+    edge.release = release_and_look
+    assert release(fleet, report) == ["10.78.0.2", "10.78.0.7"]
+    assert holders[0][0] == "10.78.0.2" and holders[0][1].startswith("reconcile:1 ")
+    assert holders[1] == ("10.78.0.7", None)  # an address no VM owns: nothing to lock
+    assert fleet.state.holder("vm", "vm2") is None  # given back
 
 
 def test_an_edge_that_cannot_say_what_it_holds_does_not_stop_the_pass(mocker, redis_url):
