@@ -4,6 +4,7 @@ asked: an API call costs the same on 3 hosts or 1,000); the operation checks aga
 libvirt when it runs, the fleet having perhaps changed meanwhile.
 """
 
+from .addresses import pool_for
 from .errors import Conflict, InvalidRequest, NotFound
 from .fleet import Fleet
 from .host import Capacity
@@ -135,11 +136,13 @@ def known_vm(fleet: Fleet, vm: str) -> None:
 
 
 def destroyable(fleet: Fleet, vm: str) -> None:
-    """A VM in the view, or the files a create cut short left of one (destroy removes them)."""
+    """A VM in the view, or what a create or destroy cut short left of one (its files, its
+    address): destroy removes them."""
     try:
         known_vm(fleet, vm)
     except NotFound:
-        if not fleet.leftovers(vm):
+        pool = pool_for(fleet.paths, fleet.state.r)
+        if not fleet.leftovers(vm) and not (pool and pool.address_of(vm)):
             raise
 
 

@@ -245,7 +245,7 @@ class Fleet:
             held = host.free_devices(spec.gpu_model)[:spec.gpu_count] if spec.gpu_count else []
             if spec.gpu_count:
                 spec = replace(spec, swap_disk=str(self._make_swap_disk(spec)))
-            pool = pool_for(self.paths)
+            pool = pool_for(self.paths, self.state.r)
             if pool is not None:
                 config = NetworkConfig.load(self.paths)
                 spec = replace(spec, address=pool.allocate(spec.name), gateway=config.gateway)
@@ -458,7 +458,10 @@ class Fleet:
         with self.lock_vm(vm, f"destroy of {vm}") as lease:
             guest = self.find(vm)
             suspended = self.is_suspended(vm)
-            if guest is None and not suspended and not self.leftovers(vm):
+            edge, pool = Edge.load(self.paths, self.state), pool_for(self.paths, self.state.r)
+            address = pool.address_of(vm) if pool else None
+            # An address alone is a leftover too: a destroy cut short after the undefine.
+            if guest is None and not suspended and not self.leftovers(vm) and not address:
                 raise NotFound(f"unknown VM {vm!r}")
             lease.check()
             local = (self.paths.saves / vm / "disk.json").is_file()  # kept with its save
@@ -477,20 +480,17 @@ class Fleet:
                         local_disks.remove(host.conn, vm)
                     except VmmgrError:
                         pass  # a host that does not answer keeps it until destroyed again
-            edge = Edge.load(self.paths, self.state)
-            address = pool_for(self.paths).address_of(vm) if pool_for(self.paths) else None
             if edge is not None and address:
                 edge.unroute(address)
             shutil.rmtree(self.paths.saves / vm, ignore_errors=True)
             for made in self.vm_files(vm):
                 made.unlink(missing_ok=True)
             console.remove(self.paths.consoles, vm)
-            pool = pool_for(self.paths)
             if pool is not None:
                 pool.release(vm)
             self.publish(vm)
             return (guest.host_name if guest is not None else "storage (suspended)" if suspended
-                    else "storage (the disks a create cut short left)")
+                    else "storage (what a create or destroy cut short left)")
 
 
 def connect_all(hosts: list[Host]) -> None:

@@ -288,8 +288,9 @@ class Lab:
                              "or --home)")
 
     def _remove_lab_vm_files(self) -> None:
-        """The lab's VMs are gone: so are their consoles, suspended images, swap disks and
-        addresses. A VM that ever ran on a host that is not the lab's keeps everything."""
+        """The lab's VMs are gone: so are their consoles, suspended images and disks (their
+        addresses went with the lab's store). A VM that ever ran on a host that is not the
+        lab's keeps its files."""
         lab_names = {lab_host(i).name for i in range(1, 10)}
         gone = set()
         if self.paths.consoles.is_dir():
@@ -311,14 +312,6 @@ class Lab:
         for vm in gone:
             for suffix in ("-swap.img", ".qcow2", "-seed.iso"):  # Fleet.vm_files
                 (self.paths.storage / "disks" / f"{vm}{suffix}").unlink(missing_ok=True)
-        addresses = self.paths.storage / "addresses"
-        if addresses.is_dir():
-            for f in addresses.iterdir():
-                try:
-                    if f.read_text().strip() in gone:
-                        f.unlink()
-                except OSError:
-                    continue
 
     def status(self) -> list[HostStatus]:
         result = []

@@ -7,6 +7,7 @@ refreshes the host snapshot. Nothing a moving VM depends on is touched while it 
 """
 
 import time
+import xml.etree.ElementTree as ET
 from dataclasses import asdict
 
 import redis
@@ -17,6 +18,7 @@ from .edge import Edge
 from .errors import VmmgrError
 from .fleet import Fleet
 from .guest import read_each
+from .render import address_of
 
 
 def reconcile(fleet: Fleet, report, start=None) -> dict:
@@ -29,6 +31,7 @@ def reconcile(fleet: Fleet, report, start=None) -> dict:
     resumed = reclaim.resume_parked(fleet, report)
     rows = fleet.refresh_view()  # what libvirt and the storage say now (one pass over hosts)
     repaired = repair_records(fleet, report, rows)
+    repaired += repair_addresses(fleet, report, rows)
     rerouted = repair_edge(fleet, report, rows)
     rerouted += release_stale_holds(fleet, report)
     snapshot_hosts(fleet)
@@ -175,9 +178,54 @@ def repair_records(fleet: Fleet, report, rows: list[dict]) -> list[str]:
     return sorted(repaired)
 
 
+def repair_addresses(fleet: Fleet, report, rows: list[dict]) -> list[str]:
+    """Record again the address a VM carries in its definition (running or saved) when the
+    store has no allocation for it (a store restored from an old copy, or lost): else a create
+    could hand the same address out twice. Under the VM's lock, from its definition as it is
+    then (a row read before a destroy or a re-create finished must not bring an address back).
+    An address the store gives to another VM is reported (hourly), never taken from it."""
+    pool = pool_for(fleet.paths, fleet.state.r)
+    if pool is None:
+        return []
+    holds = set(pool.in_use().values())
+    repaired = []
+    for row in rows:
+        vm, ip = row["name"], row.get("address") or ""
+        if not ip or vm in holds or not pool.contains(ip):
+            continue  # no address, or one recorded for it already: the store's stands
+        try:
+            with fleet.lock_vm(vm, f"record of {vm}'s address"):
+                if _defined_address(fleet, vm) != ip or pool.address_of(vm):
+                    continue  # changed since the rows were read
+                holder = pool.claim(ip, vm)
+        except (VmmgrError, redis.RedisError):
+            continue  # locked (an operation is changing it) or unreachable: the next pass
+        if holder:
+            if fleet.state.r.set(f"vmmgr:address-clash:{vm}", ip, nx=True, ex=3600):
+                report.event(f"{vm} runs with {ip}, which the store gives to {holder}: one of "
+                             "them must get another address (vm destroy and create it)", vm=vm,
+                             kind="repair")
+            continue
+        report.event(f"{vm}: its address {ip} recorded again (the store had lost it)", vm=vm,
+                     kind="repair")
+        repaired.append(vm)
+    return repaired
+
+
+def _defined_address(fleet: Fleet, vm: str) -> str | None:
+    """The address in the VM's definition: on the host that holds it, or in its save."""
+    guest = fleet.find(vm)
+    if guest is not None:
+        return address_of(guest.xml(inactive=True))
+    try:
+        return address_of((fleet.paths.saves / vm / "domain.xml").read_text())
+    except (OSError, ET.ParseError):  # no save, or one cut short
+        return None
+
+
 def repair_edge(fleet: Fleet, report, rows: list[dict]) -> list[str]:
     """Make the edge route every running VM's address to the host libvirt says holds it."""
-    edge, pool = Edge.load(fleet.paths, fleet.state), pool_for(fleet.paths)
+    edge, pool = Edge.load(fleet.paths, fleet.state), pool_for(fleet.paths, fleet.state.r)
     if edge is None or pool is None:
         return []
     # A move under way routes its own VM at its switch-over; repairing around it could undo
@@ -200,7 +248,7 @@ def repair_edge(fleet: Fleet, report, rows: list[dict]) -> list[str]:
 def release_stale_holds(fleet: Fleet, report) -> list[str]:
     """Let go what the edge holds for a VM no one moves (a worker died mid switch-over, or a
     release failed): each to wherever the VM's address is routed now. Returns the addresses."""
-    edge, pool = Edge.load(fleet.paths, fleet.state), pool_for(fleet.paths)
+    edge, pool = Edge.load(fleet.paths, fleet.state), pool_for(fleet.paths, fleet.state.r)
     if edge is None or pool is None or not edge.can_hold:
         return []
     try:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 
-from vmmgr.addresses import pool_for
+from vmmgr.addresses import KEY, pool_for
 from vmmgr.edge import Edge
 from vmmgr.images import stream_tool
 from vmmgr.lab_net import CLIENT_NS, OUTSIDE_CLIENT_IP, OUTSIDE_EDGE_IP
@@ -132,19 +132,28 @@ def test_vms_get_distinct_addresses_reach_each_other_and_free_them(make_vm, flee
 
 def test_an_exhausted_pool_refuses_creates_and_changes_nothing(lab, fleet, paths):
     pool = pool_for(paths)
-    filler = []
-    for ip in pool.network.iter_hosts():
-        path = pool.root / str(ip)
-        if ip != pool.gateway and not path.exists():
-            path.write_text("placeholder\n")
-            filler.append(path)
+    filler = [str(ip) for ip in pool.network.iter_hosts()
+              if ip != pool.gateway and pool.r.hsetnx(KEY, str(ip), "placeholder")]
     try:
         proc = cli("vm", "create", "nonet", "--host", "host1")
         assert proc.returncode == 4 and "address pool 10.78.0.0/24 is exhausted" in proc.stderr
         assert where_defined(fleet, "nonet") == []
+        assert pool.address_of("nonet") is None
     finally:
-        for path in filler:
-            path.unlink()
+        if filler:
+            pool.r.hdel(KEY, *filler)
+
+
+def test_an_address_a_destroy_cut_short_left_is_freed_by_destroying_again(lab, paths):
+    """A destroy whose store failed after the undefine leaves the VM's allocation (and nothing
+    else): destroying the VM again frees it; a name that holds nothing at all is unknown."""
+    pool = pool_for(paths)
+    ip = pool.allocate("ghost1")  # what such a destroy leaves
+    proc = cli("vm", "destroy", "ghost1")
+    assert proc.returncode == 0, proc.stderr
+    assert pool.address_of("ghost1") is None and ip not in pool.in_use()
+    proc = cli("vm", "destroy", "ghost1")
+    assert proc.returncode == 3 and "unknown VM 'ghost1'" in proc.stderr
 
 
 def _iptables_count(ns: str, rule: list[str]) -> int:

@@ -1,13 +1,15 @@
 """Sites in the lab (issue 18's first part): hosts grouped into sites with a WAN between them
 (htb, and netem where the kernel has it, on the links between sites), the inventory knowing each host's site, and placement
-keeping moves inside a site while it has room. The lab's storage is still shared by every
-site (see the README); a VM's local disk crossing the WAN is in test_local_disks.py and the
+keeping moves inside a site while it has room, and a VM's address following it across sites in
+the fleet's store. The lab's storage is still shared by every site (see the README); a VM's local disk crossing the WAN is in test_local_disks.py and the
 training demo's test in test_images.py."""
 
 import json
 import subprocess
 import sys
+import time
 
+from vmmgr.addresses import KEY, pool_for
 from vmmgr.state import FleetState
 
 from .conftest import assert_contiguous, cli, ticks, wait_ticks, where_defined
@@ -85,9 +87,24 @@ def test_a_download_through_the_edge_survives_moves_across_the_wan(lab, make_vm,
         make_vm("far1", host="host1", workload="server", mib=160, rate=8)
         wait_console(paths, "far1", "serving on port 8080")
         # across the WAN, back, across again
+        pool = pool_for(paths)
+        address = pool.address_of("far1")
         hops = download_while_moved(paths, "far1", 160, ring=("host3", "host2", "host3"))
         assert where_defined(fleet, "far1") == ["host3"]
         assert [h["target"] for h in hops] == ["host3", "host2", "host3"]
+        # Its address followed it across sites in the fleet's store, not on a storage.
+        assert pool.address_of("far1") == address and not (paths.storage / "addresses").exists()
+        # A store that lost the allocation (restored from an old copy) gets it back from the
+        # VM's definition at the next reconcile, and says so.
+        state = FleetState(paths.redis_url())
+        state.r.hdel(KEY, address)
+        deadline = time.monotonic() + 90
+        while pool.address_of("far1") != address and time.monotonic() < deadline:
+            cli("reconcile", "--wait")  # or the beat's pass: whichever comes first
+            time.sleep(1)
+        assert pool.address_of("far1") == address
+        assert any(f"its address {address} recorded again" in e["message"]
+                   for e in state.events(100, vm="far1"))
     finally:
         lab.up(3, sites=1)
         FleetState(paths.redis_url()).r.delete("vmmgr:links")

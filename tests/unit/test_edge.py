@@ -66,13 +66,13 @@ def test_anything_but_one_address_is_refused_before_any_command(store, mocker, b
     assert calls == []
 
 
-def test_an_address_file_named_like_a_command_is_no_allocation(tmp_path):
-    root = tmp_path / "addresses"
-    root.mkdir()
-    (root / "10.78.0.5").write_text("vm1\n")
-    (root / EVIL).write_text("vm2\n")
-    (root / "10.99.0.1").write_text("vm3\n")  # outside the pool
-    assert AddressPool(root, "10.78.0.0/24", "10.78.0.1").in_use() == {"10.78.0.5": "vm1"}
+def test_an_allocation_named_like_a_command_is_no_allocation(redis_url):
+    import redis
+
+    from vmmgr.addresses import KEY
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    r.hset(KEY, mapping={"10.78.0.5": "vm1", EVIL: "vm2", "10.99.0.1": "vm3"})  # last: not ours
+    assert AddressPool(r, "10.78.0.0/24", "10.78.0.1").in_use() == {"10.78.0.5": "vm1"}
 
 
 def test_an_ssh_prefix_gets_every_argument_quoted_for_the_edges_shell(store, tmp_path,

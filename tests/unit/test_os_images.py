@@ -183,7 +183,7 @@ def test_the_disks_a_cut_short_create_left_hold_the_image_until_destroy_removes_
         with pytest.raises(Conflict, match="base of VM\\(s\\) vm9: destroy them first"):
             os_images.remove_image(paths.images, "base", used_by=vms_on(paths, "base"))
         requests.destroy(fleet, "vm9")  # admitted: there is something to destroy
-        assert fleet.destroy("vm9") == "storage (the disks a create cut short left)"
+        assert fleet.destroy("vm9") == "storage (what a create or destroy cut short left)"
         assert not disk.exists() and not seed.exists()
         with pytest.raises(NotFound, match="unknown VM 'vm9'"):
             requests.destroy(fleet, "vm9")

@@ -185,3 +185,60 @@ def test_an_edge_that_cannot_say_what_it_holds_does_not_stop_the_pass(mocker, re
     release, fleet, report = reconcile_with(mocker, redis_url, edge, {"10.78.0.2": "vm2"})
     assert release(fleet, report) == [] and edge.released == []
     assert report.seen[0][0].startswith("could not ask the edge what it holds")
+
+
+# ---- the reconcile records again an address the store lost -------------------------------
+
+def test_the_reconcile_records_again_the_address_a_vm_carries_and_names_a_clash(
+        mocker, redis_url, tmp_path, monkeypatch):
+    import redis
+
+    from vmmgr import reconcile
+    from vmmgr.addresses import KEY, NetworkConfig
+    from vmmgr.locks import Lease
+    from vmmgr.paths import Paths
+    from vmmgr.render import XMLNS
+    from vmmgr.state import FleetState
+
+    def definition(ip):
+        return (f"<domain><metadata><v:vm xmlns:v='{XMLNS}'><v:address>{ip}</v:address></v:vm>"
+                "</metadata></domain>")
+
+    monkeypatch.setenv("VMMGR_REDIS_URL", redis_url)
+    paths = Paths(tmp_path)
+    NetworkConfig("10.78.0.0/24", "10.78.0.1").save(paths)
+    (paths.saves / "parked").mkdir(parents=True)
+    (paths.saves / "parked" / "domain.xml").write_text(definition("10.78.0.4"))
+    (paths.saves / "cutshort").mkdir()
+    (paths.saves / "cutshort" / "domain.xml").write_text("<domain><meta")  # a save cut short
+    fleet = mocker.Mock(state=FleetState(redis_url), paths=paths)
+    fleet.lock_vm = lambda vm, what: Lease(fleet.state, "vm", vm, "reconcile:1", what)
+    defined = {"run1": "10.78.0.2", "run2": "10.78.0.3", "busy": "10.78.0.6",
+               "clash": "10.78.0.9", "recreated": "10.78.0.12", "two": "10.78.0.20"}
+    fleet.find = lambda vm: (mocker.Mock(xml=lambda inactive: definition(defined[vm]))
+                             if vm in defined else None)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    r.hset(KEY, mapping={"10.78.0.2": "run1", "10.78.0.9": "other", "10.78.0.21": "two"})
+    rows = [{"name": "run1", "address": "10.78.0.2"},   # recorded: nothing to do
+            {"name": "run2", "address": "10.78.0.3"},   # lost: recorded again
+            {"name": "parked", "address": "10.78.0.4"},  # a saved VM's too
+            {"name": "gone", "address": "10.78.0.5"},   # destroyed since the rows were read
+            {"name": "busy", "address": "10.78.0.6"},   # an operation holds it: next pass
+            {"name": "clash", "address": "10.78.0.9"},  # another VM has it in the store
+            {"name": "recreated", "address": "10.78.0.11"},  # its definition says .12 now
+            {"name": "two", "address": "10.78.0.20"},   # holds .21 in the store: that stands
+            {"name": "cutshort", "address": "10.78.0.30"},
+            {"name": "outside", "address": "10.99.0.1"},  # not of the pool
+            {"name": "plain", "address": ""}]
+    report = Events()
+    with Lease(fleet.state, "vm", "busy", "node-a:1", "migration of busy to host2"):
+        assert reconcile.repair_addresses(fleet, report, rows) == ["run2", "parked"]
+        assert reconcile.repair_addresses(fleet, report, rows) == []  # the clash: said once
+    assert r.hgetall(KEY) == {"10.78.0.2": "run1", "10.78.0.3": "run2", "10.78.0.4": "parked",
+                              "10.78.0.9": "other", "10.78.0.21": "two"}
+    assert [m for m, _ in report.seen] == [
+        "run2: its address 10.78.0.3 recorded again (the store had lost it)",
+        "parked: its address 10.78.0.4 recorded again (the store had lost it)",
+        "clash runs with 10.78.0.9, which the store gives to other: one of them must get "
+        "another address (vm destroy and create it)"]
+    assert fleet.state.holder("vm", "run2") is None  # every lock given back
