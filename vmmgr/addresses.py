@@ -121,6 +121,19 @@ class AddressPool:
             pass  # not empty: a conflict, or a file the next open tries again
         return moved
 
+    def conflicts(self, root: Path) -> dict[str, str]:
+        """The files `import_files` left because the store gives their address to another VM:
+        address -> the VM the older vmmgr gave it to."""
+        found = {}
+        for f in root.glob("*.conflict") if root.is_dir() else ():
+            ip = f.name.removesuffix(".conflict")
+            if self.contains(ip):
+                try:
+                    found[ip] = f.read_text().strip()
+                except OSError:
+                    continue
+        return found
+
     def contains(self, name: str) -> bool:
         """Whether `name` is, exactly, an address of the pool that a VM may hold."""
         try:

@@ -242,3 +242,31 @@ def test_the_reconcile_records_again_the_address_a_vm_carries_and_names_a_clash(
         "clash runs with 10.78.0.9, which the store gives to other: one of them must get "
         "another address (vm destroy and create it)"]
     assert fleet.state.holder("vm", "run2") is None  # every lock given back
+
+
+def test_an_upgrades_clashing_address_file_is_reported_hourly_until_removed(
+        mocker, redis_url, tmp_path, monkeypatch):
+    import redis
+
+    from vmmgr import reconcile
+    from vmmgr.addresses import KEY, NetworkConfig
+    from vmmgr.paths import Paths
+    from vmmgr.state import FleetState
+
+    monkeypatch.setenv("VMMGR_REDIS_URL", redis_url)
+    paths = Paths(tmp_path)
+    NetworkConfig("10.78.0.0/24", "10.78.0.1").save(paths)
+    legacy = paths.storage / "addresses"
+    legacy.mkdir(parents=True)
+    (legacy / "10.78.0.7").write_text("old-vm\n")
+    redis.Redis.from_url(redis_url, decode_responses=True).hset(KEY, "10.78.0.7", "new-vm")
+    fleet = mocker.Mock(state=FleetState(redis_url), paths=paths)
+    report = Events()
+    assert reconcile.repair_addresses(fleet, report, []) == []  # the pool's import renames it
+    assert reconcile.repair_addresses(fleet, report, []) == []  # within the hour: said once
+    assert report.seen == [("storage/addresses/10.78.0.7.conflict: an older vmmgr gave "
+                            "10.78.0.7 to old-vm, the store gives it to new-vm; one of them must "
+                            "get another address, then remove the file", "old-vm")]
+    (legacy / "10.78.0.7.conflict").unlink()
+    fleet.state.r.delete("vmmgr:address-conflict:10.78.0.7")
+    assert reconcile.repair_addresses(fleet, report, []) == [] and len(report.seen) == 1
