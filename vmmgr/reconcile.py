@@ -216,8 +216,9 @@ def repair_addresses(fleet: Fleet, report, rows: list[dict]) -> list[str]:
 def _report_upgrade_conflicts(fleet: Fleet, report, pool) -> None:
     """An older vmmgr's allocation file whose address the store gives to another VM is left
     for the operator (`<ip>.conflict`): say so in the event log, once an hour, until it goes."""
-    owners = pool.in_use()
-    for ip, old in pool.conflicts(fleet.paths.storage / "addresses").items():
+    conflicts = pool.conflicts(fleet.paths.storage / "addresses")
+    owners = pool.in_use() if conflicts else {}  # (read only when there is something to say)
+    for ip, old in conflicts.items():
         if fleet.state.r.set(f"vmmgr:address-conflict:{ip}", old, nx=True, ex=3600):
             report.event(f"storage/addresses/{ip}.conflict: an older vmmgr gave {ip} to {old}, "
                          f"the store gives it to {owners.get(ip, 'no one now')}; one of them "
