@@ -335,6 +335,58 @@ def redis_mid_reclaim(c: Lab3, fleet: Fleet) -> None:
         "its acknowledgement was not lost"
 
 
+@fault("Redis SIGKILLed in a destroy, just after the undefine")
+def redis_mid_destroy(c: Lab3, fleet: Fleet) -> str:
+    # In-process, at the one point where the store's death leaves something behind: COUNT is
+    # gone from libvirt, its address, route and console are not. The operator's second
+    # `vm destroy` (once the dead one's lease lapses) must remove them all. COUNT is then created
+    # again, so the verdict also shows DIRTY running on through the store's death.
+    import redis
+
+    from vmmgr.addresses import pool_for
+    from vmmgr.edge import Edge
+    from vmmgr.guest import Guest
+
+    ip = pool_for(c.paths, c.state.r).address_of(COUNT)
+    undefine = Guest.undefine
+
+    def undefine_then_kill_the_store(guest):
+        undefine(guest)
+        os.kill(c.lab.services().redis_pid(), signal.SIGKILL)
+
+    Guest.undefine = undefine_then_kill_the_store
+    try:
+        fleet.destroy(COUNT)
+        raise RuntimeError("the destroy ended well with the store killed in it")
+    except redis.RedisError:
+        pass
+    finally:
+        Guest.undefine = undefine
+        c.lab.up(3)  # Redis back from its append-only file, and any worker it took along
+    left = pool_for(c.paths, c.state.r).address_of(COUNT)
+    wait(lambda: not c.state.holder("vm", COUNT), 60, "the dead destroy's lease never lapsed")
+    try:
+        c.cli("vm", "destroy", COUNT)
+        by = "the second destroy"
+    except RuntimeError as err:  # the reconcile's sweep came first (it says so), or a failure
+        if "unknown VM" not in str(err) or not any(
+                e["message"].startswith(f"{COUNT}: its address {ip} freed")
+                for e in c.state.events(500, vm=COUNT)):
+            raise
+        by = "the reconcile's sweep"
+    still = {"definition": bool(fleet.find_all(COUNT, strict=True)),
+             "address": bool(pool_for(c.paths, c.state.r).address_of(COUNT)),
+             "route": ip in Edge.load(c.paths, c.state).routes(),
+             "console": bool(console.segments(c.paths.consoles, COUNT)),
+             "save": fleet.is_suspended(COUNT)}
+    if any(still.values()):
+        raise RuntimeError(f"the second destroy left {[k for k, v in still.items() if v]}")
+    c.lab.up(3)
+    create(fleet, c.paths, ensure_builtin(c.paths.images), (COUNT,))
+    return ("the first destroy left its address" if left == ip else
+            "the first destroy had freed its address") + f"; {by} removed all it left"
+
+
 @fault("worker SIGKILLed mid-reclaim against a deadline")
 def worker_mid_deadline_reclaim(c: Lab3, fleet: Fleet) -> str:
     # A notice's reclaim runs on any worker; that worker dies while the plan moves VMs. Its

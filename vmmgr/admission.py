@@ -142,7 +142,7 @@ def destroyable(fleet: Fleet, vm: str) -> None:
         known_vm(fleet, vm)
     except NotFound:
         pool = pool_for(fleet.paths, fleet.state.r)
-        if not fleet.leftovers(vm) and not (pool and pool.address_of(vm)):
+        if not fleet.has_leftovers(vm, pool.address_of(vm) if pool else None):
             raise
 
 

@@ -402,6 +402,11 @@ class Fleet:
         removes them, and they hold the image they lie on until then."""
         return [f for f in self.vm_files(vm) if f.exists()]
 
+    def has_leftovers(self, vm: str, address: str | None) -> bool:
+        """Whether anything of a VM with no definition and no save is left for `destroy` to
+        remove: its files, or its `address` alone (a destroy cut short after the undefine)."""
+        return bool(address) or bool(self.leftovers(vm))
+
     def _make_system_disk(self, spec: VMSpec, host: Host) -> VMSpec:
         """A qcow2 overlay on the OS image (which is never written) and the cloud-init seed,
         both on shared storage so that any host can run the VM; a local disk's overlay on the
@@ -458,10 +463,13 @@ class Fleet:
         with self.lock_vm(vm, f"destroy of {vm}") as lease:
             guest = self.find(vm)
             suspended = self.is_suspended(vm)
+            if guest is None and not suspended:
+                # A host that does not answer may run it: freeing its address (or anything
+                # else) would give a running VM's address to the next create.
+                self.find_all(vm, strict=True)
             edge, pool = Edge.load(self.paths, self.state), pool_for(self.paths, self.state.r)
             address = pool.address_of(vm) if pool else None
-            # An address alone is a leftover too: a destroy cut short after the undefine.
-            if guest is None and not suspended and not self.leftovers(vm) and not address:
+            if guest is None and not suspended and not self.has_leftovers(vm, address):
                 raise NotFound(f"unknown VM {vm!r}")
             lease.check()
             local = (self.paths.saves / vm / "disk.json").is_file()  # kept with its save

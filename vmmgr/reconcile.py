@@ -37,6 +37,7 @@ def reconcile(fleet: Fleet, report, start=None) -> dict:
     snapshot_hosts(fleet)
     swept = sweep_local_disks(fleet, report)  # last: the records and routes come first
     swept += sweep_image_copies(fleet, report)
+    swept += sweep_addresses(fleet, report, rows)
     fleet.state.write_usage_baseline()
     metrics.count(fleet.state.r, "reconcile_repairs",
                   by=len(repaired) + len(rerouted) + len(swept))
@@ -150,6 +151,40 @@ def sweep_image_copies(fleet: Fleet, report) -> list[str]:
                          kind="repair")
             swept.append(key)
     return swept
+
+
+def sweep_addresses(fleet: Fleet, report, rows: list[dict]) -> list[str]:
+    """Free the addresses of VMs that are nowhere: no host defines one, it has no save and no
+    files, and no operation holds it (a create killed between allocating and defining, a destroy
+    cut short after the undefine). Nothing else would: no view lists such a name. By `destroy`,
+    under the VM's lock, which decides nothing while a host that may hold it does not answer.
+    A VM's files are left for the operator (`vm destroy`): a disk may hold someone's work.
+    (Saves are looked for on this node's storage: once sites keep saves apart, this must read
+    the save records from the store.) Returns the addresses freed."""
+    pool = pool_for(fleet.paths, fleet.state.r)
+    if pool is None:
+        return []
+    known = {r["name"] for r in rows}  # a host that does not answer keeps its rows
+    freed = []
+    for ip, vm in sorted(pool.in_use().items()):
+        if vm in known or fleet.state.holder("vm", vm) or fleet.is_suspended(vm) \
+                or fleet.leftovers(vm):
+            continue
+        try:
+            with fleet.lock_vm(vm, f"sweep of {vm}'s address"):
+                if (fleet.find_all(vm, strict=True) or fleet.is_suspended(vm)
+                        or fleet.leftovers(vm) or pool.address_of(vm) != ip):
+                    continue  # created, saved or freed since the rows were read
+                fleet.destroy(vm)  # the same lock, nested
+        except (VmmgrError, redis.RedisError):
+            continue  # locked, or a host (or the store) does not answer: the next pass
+        except Exception as err:  # noqa: BLE001 - one VM's surprise must not end the pass
+            report.event(f"{vm}: its address {ip} not swept: {err}", vm=vm, kind="error")
+            continue
+        report.event(f"{vm}: its address {ip} freed (no host defines it, and it has no save)",
+                     vm=vm, kind="repair")
+        freed.append(ip)
+    return freed
 
 
 def repair_records(fleet: Fleet, report, rows: list[dict]) -> list[str]:
