@@ -205,13 +205,20 @@ class Fleet:
         its own row stands (see FleetState.observe_vm_views)."""
         since = self.state.view_mark()  # before looking: a write after it is newer than ours
         held = [vm for vm in vms if self.state.holder("vm", vm)]  # no need to ask libvirt
-        rows = {vm: self._row(vm) for vm in vms if vm not in held}
+        rows = {}
+        for vm in set(vms) - set(held):
+            try:
+                rows[vm] = self._row(vm)
+            except HostUnreachable:
+                held.append(vm)  # a host that does not answer may hold it: looked at later
         return held + (self.state.observe_vm_views(rows, since) if rows else [])
 
     def _row(self, vm: str) -> dict | None:
+        """The VM's row; None only when every host answered that it holds no such VM (a
+        row dropped for a VM on a silent host would have its record forgotten)."""
         row = view.suspended_row(self.paths.saves / vm)
         if row is None:
-            guest = self.find(vm)
+            guest = self.find(vm) or self.find(vm, strict=True)
             info = self._info(guest.host_name, guest) if guest is not None else None
             row = view.guest_row(info) if info is not None else None
         return row
@@ -261,9 +268,16 @@ class Fleet:
                 guest = host.define(devices.assign(xml, held, host_name) if held else xml)
                 try:
                     guest.start()
+                except HostUnreachable:
+                    raise
                 except VmmgrError:
                     guest.undefine()
                     raise
+            except HostUnreachable:
+                # The host may have defined (even started) it before its answer was lost:
+                # nothing is taken back, its address least of all. Once the host answers, the
+                # reconcile records what runs there; `vm destroy` removes what does not.
+                raise
             except VmmgrError:
                 if pool is not None:
                     pool.release(spec.name)
@@ -463,9 +477,13 @@ class Fleet:
         with self.lock_vm(vm, f"destroy of {vm}") as lease:
             guest = self.find(vm)
             suspended = self.is_suspended(vm)
-            if guest is None and not suspended:
-                # A host that does not answer may run it: freeing its address (or anything
-                # else) would give a running VM's address to the next create.
+            saved = self.paths.saves / vm
+            parked = (saved / "record.json").is_file() and not any(
+                (saved / f).exists() for f in ("claim.json", "intent.json"))
+            if guest is None and not parked:
+                # A host that does not answer may run it (a resume or a save cut short may have
+                # left it running there too): freeing its address, or anything else, would
+                # give a running VM's address to the next create.
                 self.find_all(vm, strict=True)
             edge, pool = Edge.load(self.paths, self.state), pool_for(self.paths, self.state.r)
             address = pool.address_of(vm) if pool else None

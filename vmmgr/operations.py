@@ -98,6 +98,7 @@ def migrate(fleet: Fleet, report: Report, vm: str, target: str, policy: str | No
 
 
 def _migrate(fleet: Fleet, report: Report, vm: str, target: str, chosen) -> dict:
+    _recovered(fleet, report, vm)  # a save's intent left behind is settled before it moves
     orphan = fleet.locate(vm) if report.rerun else None
     if orphan is not None and orphan.has_job():
         # The earlier run's migration goes on in libvirt without its monitor: steer it.
@@ -359,6 +360,7 @@ def start(fleet: Fleet, report: Report, vm: str) -> dict:
 def relocate_stopped(fleet: Fleet, report: Report, vm: str, target: str) -> dict:
     """A stopped VM leaves a host being emptied: its definition moves, nothing boots."""
     with fleet.lock_vm(vm, f"move of stopped {vm} to {target}"):
+        _recovered(fleet, report, vm)  # a parking's intent left behind, settled first
         source = fleet.locate(vm).host_name
         fleet.relocate_stopped(vm, target)  # a rerun finishes what an earlier run began
         report.event(f"{vm}: stopped, its definition moved from {source} to {target}", vm=vm,

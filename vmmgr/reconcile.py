@@ -158,7 +158,8 @@ def sweep_addresses(fleet: Fleet, report, rows: list[dict]) -> list[str]:
     files, and no operation holds it (a create killed between allocating and defining, a destroy
     cut short after the undefine). Nothing else would: no view lists such a name. By `destroy`,
     under the VM's lock, which decides nothing while a host that may hold it does not answer.
-    A VM's files are left for the operator (`vm destroy`): a disk may hold someone's work.
+    A VM's files, and its disks on hosts, are left for the operator (`vm destroy`): a disk may
+    hold someone's work.
     (Saves are looked for on this node's storage: once sites keep saves apart, this must read
     the save records from the store.) Returns the addresses freed."""
     pool = pool_for(fleet.paths, fleet.state.r)
@@ -175,6 +176,9 @@ def sweep_addresses(fleet: Fleet, report, rows: list[dict]) -> list[str]:
                 if (fleet.find_all(vm, strict=True) or fleet.is_suspended(vm)
                         or fleet.leftovers(vm) or pool.address_of(vm) != ip):
                     continue  # created, saved or freed since the rows were read
+                if any(vm in local_disks.held(h.conn) for h in fleet.hosts()
+                       if h.record.state != "reclaimed"):
+                    continue  # a disk of its own on a host: the operator's to destroy
                 fleet.destroy(vm)  # the same lock, nested
         except (VmmgrError, redis.RedisError):
             continue  # locked, or a host (or the store) does not answer: the next pass
@@ -206,10 +210,20 @@ def repair_records(fleet: Fleet, report, rows: list[dict]) -> list[str]:
                          vm=vm or "", kind="repair")
             repaired.append(vm)
     for vm in set(records) - set(truth):
-        if not state.holder("vm", vm):
-            state.forget_vm(vm)
-            report.event(f"{vm}: record removed: libvirt knows no such VM", vm=vm, kind="repair")
-            repaired.append(vm)
+        if state.holder("vm", vm):
+            continue
+        try:
+            # Asked again, every host, under the VM's lock: a VM created or resumed since the
+            # rows were read, or held by a host that does not answer, keeps its record (its
+            # spec, its usage).
+            with fleet.lock_vm(vm, f"the reconcile's check of {vm}'s record"):
+                if fleet.find_all(vm, strict=True) or fleet.is_suspended(vm):
+                    continue
+                state.forget_vm(vm)
+        except (VmmgrError, redis.RedisError):
+            continue  # busy, or a host (or the store) does not answer: the next pass
+        report.event(f"{vm}: record removed: libvirt knows no such VM", vm=vm, kind="repair")
+        repaired.append(vm)
     return sorted(repaired)
 
 

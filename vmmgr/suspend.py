@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import console, devices, local_disks, os_images, site_images
-from .errors import Conflict, HibernationFailed, InvalidRequest, NotFound, VmmgrError
+from .errors import (Conflict, HibernationFailed, HostUnreachable, InvalidRequest, NotFound,
+                     VmmgrError)
 from .fleet import Fleet, require_active
 from .placement import choose_host, refusal
 from .render import address_of, group_of, set_console_path, workload_of
@@ -336,6 +337,10 @@ def _resume(fleet: Fleet, vm: str, host: str | None) -> Resumed:
         try:
             target.restore(d / "image", set_console_path(target.save_image_xml(d / "image"),
                                                          segment))
+        except HostUnreachable:
+            # It may have restored there before the answer was lost: the claim stays, and
+            # `recover` (which waits for the host to answer) finishes or undoes the resume.
+            raise
         except VmmgrError:
             _drop_loaded_disk(d, target)
             _unclaim(d)  # nothing runs: the image stays, the VM stays suspended
@@ -391,9 +396,13 @@ def _boot_from_hibernation(fleet: Fleet, record: Suspended, target, segment: Pat
         guest = target.define(definition)
         try:
             guest.start()
+        except HostUnreachable:
+            raise
         except VmmgrError:
             guest.undefine()
             raise
+    except HostUnreachable:
+        raise  # it may have started there: the claim stays for `recover`, as after a restore
     except VmmgrError:
         _drop_loaded_disk(d, target)
         _unclaim(d)  # the image stays on the swap disk, the VM stays suspended
@@ -477,6 +486,15 @@ def _recover_suspend(fleet: Fleet, vm: str, d: Path, wait: float) -> str:
             local_disks.remove(host.conn, vm)  # its kept copy is on storage
         (d / INTENT).unlink()
         return f"the {what} cut short had finished: suspended"
+    if guest is None:
+        # Gone from the host it was saved from. Running on another, it was moved there since
+        # (its save had failed, and the intent outlived it): the intent is stale, and booting
+        # or parking the VM from it would run it twice.
+        elsewhere = fleet.find_all(vm, strict=True)
+        if elsewhere:
+            shutil.rmtree(d)
+            return (f"the {what} cut short had left it running: it has moved to "
+                    f"{elsewhere[0].host_name} since")
     if intent["mode"] == "stopped":
         if guest is not None and guest.is_active():  # started behind vmmgr's back meanwhile
             shutil.rmtree(d)

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from vmmgr.addresses import KEY, pool_for
 from vmmgr.edge import Edge
 from vmmgr.images import stream_tool
@@ -183,6 +185,44 @@ def test_nothing_is_freed_while_the_host_that_may_hold_a_vm_does_not_answer(lab,
                "it has no save)" for e in fleet.state.events(count=500, vm="orphan1"))
     assert where_defined(fleet, "far") == ["host3"]
     assert fleet.locate("far").state() == "running"
+
+
+def test_a_create_whose_answer_is_lost_takes_nothing_back(lab, fleet, paths, make_vm,
+                                                         monkeypatch):
+    """host2 starts the VM, but the answer is lost (HostUnreachable raised after the real
+    start): the create fails and takes nothing back. Before, it freed the address of the VM
+    now running on host2, and the next create got it. The VM runs there with its address, the
+    store keeps that address for it, and the reconcile records the VM and routes the address."""
+    from vmmgr import operations, reconcile
+    from vmmgr.errors import HostUnreachable
+    from vmmgr.guest import Guest
+    from vmmgr.render import address_of
+
+    start = Guest.start
+
+    def start_then_lose_the_answer(guest):
+        start(guest)
+        raise HostUnreachable(f"host {guest.host_name} did not answer (injected)")
+
+    monkeypatch.setattr(Guest, "start", start_then_lose_the_answer)
+    with pytest.raises(HostUnreachable):
+        make_vm("lost1", host="host2", workload="idle")
+    monkeypatch.undo()
+    guest = fleet.locate("lost1")
+    ip = address_of(guest.xml(inactive=True))
+    assert guest.host_name == "host2" and guest.state() == "running"
+    assert ip and pool_for(paths).address_of("lost1") == ip
+
+    deadline = time.monotonic() + 60
+    while True:
+        reconcile.reconcile(fleet, operations.LocalReport(fleet))
+        record = fleet.state.vm("lost1")
+        routed = Edge.load(paths, fleet.state).routes().get(ip)
+        if (record.get("state"), record.get("host"), routed) == ("running", "host2", "host2"):
+            break
+        assert time.monotonic() < deadline, (record, routed)
+        time.sleep(2)
+    assert pool_for(paths).address_of("lost1") == ip
 
 
 def _iptables_count(ns: str, rule: list[str]) -> int:

@@ -167,3 +167,43 @@ def test_usage_shows_the_time_a_vm_was_parked_to_the_second(lab, make_vm, fleet,
              if r["vm"] == "metered"]
     assert abs(row["parked"] - measured) <= 1, (row, measured)
     assert row["suspended"] < 5 and row["running"] > 0  # the save itself counts as suspending
+
+
+def test_a_resume_whose_answer_is_lost_is_finished_not_undone(make_vm, fleet, paths,
+                                                              monkeypatch):
+    """host2 restores the VM, but the answer is lost (HostUnreachable raised after the real
+    restore): the resume fails and keeps its claim on the image. Before, it gave the claim
+    back with the VM running on host2, and the next resume restored the image a second time
+    elsewhere. The reconcile's recovery finds it running there and finishes the resume: it
+    runs once, its counter counting on with no tick lost or repeated."""
+    from vmmgr import operations, reconcile
+    from vmmgr.errors import HostUnreachable
+    from vmmgr.host import Host
+
+    make_vm("lostres", host="host1", interval=0.1)
+    wait_ticks(paths, "lostres", 5)
+    suspend.suspend(fleet, "lostres")
+    restore = Host.restore
+
+    def restore_then_lose_the_answer(host, *args, **kw):
+        restore(host, *args, **kw)
+        raise HostUnreachable(f"host {host.name} did not answer (injected)")
+
+    monkeypatch.setattr(Host, "restore", restore_then_lose_the_answer)
+    with pytest.raises(HostUnreachable):
+        suspend.resume(fleet, "lostres", "host2")
+    monkeypatch.undo()
+    assert (paths.saves / "lostres" / "claim.json").is_file()  # kept, not given back
+    assert not (paths.saves / "lostres" / "record.json").exists()
+    assert fleet.locate("lostres").host_name == "host2"
+
+    reconcile.reconcile(fleet, operations.LocalReport(fleet))  # (or a scheduled one did)
+    deadline = time.monotonic() + 60
+    while (paths.saves / "lostres").exists() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not (paths.saves / "lostres").exists()
+    assert where_defined(fleet, "lostres") == ["host2"]
+    assert fleet.locate("lostres").is_persistent()
+    seen = wait_ticks(paths, "lostres", len(ticks(paths, "lostres")) + 5)
+    assert_contiguous(seen)
+    assert console.hosts_seen(paths.consoles, "lostres") == ["host1", "host2"]

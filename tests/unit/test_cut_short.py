@@ -133,6 +133,28 @@ def test_a_save_that_never_completed_leaves_the_vm_running_and_no_half_image(tmp
     assert not d.exists() and guest.calls == [] and suspend.find_suspended(fleet, "vm1") is None
 
 
+@pytest.mark.parametrize("mode", ["save", "guest", "stopped"])
+def test_an_intent_whose_vm_has_moved_since_is_dropped_never_run_twice(tmp_path, mode):
+    """A suspend failed with its intent left behind (its answer lost), and the VM, running on,
+    was moved to h2 before any recovery. Before, the recovery found nothing on h1 and booted
+    (or parked) it there a second time from the half image."""
+    moved = FakeGuest("vm1", "h2")
+    h1 = FakeHost("h1")
+    fleet = FakeFleet(tmp_path, h1, FakeHost("h2", moved))
+    d = cut_short_save(fleet, mode=mode, image=PART)
+    assert "has moved to h2 since" in suspend.recover(fleet, "vm1")
+    assert not d.exists() and h1.defined == [] and moved.calls == []
+    assert suspend.find_suspended(fleet, "vm1") is None
+
+
+def test_an_intent_whose_vm_may_be_on_a_silent_host_is_not_decided(tmp_path):
+    fleet = FakeFleet(tmp_path, FakeHost("h1"), FakeHost("h2", answers=False))
+    d = cut_short_save(fleet, image=PART)
+    with pytest.raises(HostUnreachable):
+        suspend.recover(fleet, "vm1")
+    assert (d / "intent.json").exists() and fleet.host("h1").defined == []
+
+
 def test_a_save_still_running_in_libvirt_is_waited_for_not_decided(tmp_path):
     guest = FakeGuest("vm1", "h1", job=True)
     fleet = FakeFleet(tmp_path, FakeHost("h1", guest))
