@@ -210,7 +210,7 @@ class Fleet:
             try:
                 rows[vm] = self._row(vm)
             except HostUnreachable:
-                held.append(vm)  # a host that does not answer may hold it: looked at later
+                pass  # a host that does not answer may hold it: its row stays as it was
         return held + (self.state.observe_vm_views(rows, since) if rows else [])
 
     def _row(self, vm: str) -> dict | None:
@@ -480,10 +480,11 @@ class Fleet:
             saved = self.paths.saves / vm
             parked = (saved / "record.json").is_file() and not any(
                 (saved / f).exists() for f in ("claim.json", "intent.json"))
-            if guest is None and not parked:
+            if (guest is None or not guest.is_active()) and not parked:
                 # A host that does not answer may run it (a resume or a save cut short may have
-                # left it running there too): freeing its address, or anything else, would
-                # give a running VM's address to the next create.
+                # left it running there too, a move a stale stopped copy here): freeing its
+                # address, or anything else, would give a running VM's address to the next
+                # create.
                 self.find_all(vm, strict=True)
             edge, pool = Edge.load(self.paths, self.state), pool_for(self.paths, self.state.r)
             address = pool.address_of(vm) if pool else None

@@ -98,7 +98,9 @@ def migrate(fleet: Fleet, report: Report, vm: str, target: str, policy: str | No
 
 
 def _migrate(fleet: Fleet, report: Report, vm: str, target: str, chosen) -> dict:
-    _recovered(fleet, report, vm)  # a save's intent left behind is settled before it moves
+    if _recovered(fleet, report, vm) and fleet.is_suspended(vm):  # an intent left behind
+        raise Conflict(f"VM {vm!r} is suspended to disk: a save cut short had completed "
+                       "(`vm resume` brings it back)")
     orphan = fleet.locate(vm) if report.rerun else None
     if orphan is not None and orphan.has_job():
         # The earlier run's migration goes on in libvirt without its monitor: steer it.

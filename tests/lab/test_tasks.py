@@ -116,8 +116,9 @@ def test_a_wedged_libvirtd_is_reported_unreachable_and_the_reconcile_goes_on(lab
     make_vm("wedge-drift", host="host1", workload="idle")
     wait_for(lambda: state.hosts().get("host3", {}).get("reachable"), 60, state.hosts)
     state.set_vm("wedge-drift", state="suspended", host="host2")  # drifted from libvirt's
-    state.set_vm("wedge-ghost", state="running", host="host1")  # a record libvirt knows nothing of
     with lab.libvirtd_frozen("host3"):
+        # (written once host3 is silent: a pass before would rightly remove it at once)
+        state.set_vm("wedge-ghost", state="running", host="host1")  # libvirt knows no such VM
         wait_for(lambda: (not state.hosts()["host3"]["reachable"]
                           and state.vm("wedge-drift").get("host") == "host1"), 180,
                  lambda: (state.hosts().get("host3"), state.vm("wedge-drift")))
