@@ -155,8 +155,8 @@ def sweep_image_copies(fleet: Fleet, report) -> list[str]:
 
 def sweep_addresses(fleet: Fleet, report, rows: list[dict]) -> list[str]:
     """Free the addresses of VMs that are nowhere: no host defines one, it has no save and no
-    files, and no operation holds it (a create killed between allocating and defining, a destroy
-    cut short after the undefine). Nothing else would: no view lists such a name. By `destroy`,
+    files, and no operation holds it (a create killed after allocating and before laying any
+    disk, a destroy cut short after the undefine). Nothing else would: no view lists such a name. By `destroy`,
     under the VM's lock, which decides nothing while a host that may hold it does not answer.
     A VM's files, and its disks on hosts, are left for the operator (`vm destroy`): a disk may
     hold someone's work.
