@@ -358,9 +358,7 @@ class Fleet:
 
     def disk_kept_with_save(self, vm: str) -> bool:
         """Suspended, its local disk kept beside its save, and neither half way in nor out."""
-        d = self.paths.saves / vm
-        return ((d / "record.json").is_file() and (d / "disk.json").is_file()
-                and not (d / "intent.json").is_file() and not (d / "claim.json").is_file())
+        return self.is_saved_whole(vm) and (self.paths.saves / vm / "disk.json").is_file()
 
     def _tidy_suspended_disks(self, vm: str, check=None) -> list[str]:
         if not self.disk_kept_with_save(vm):
@@ -471,16 +469,20 @@ class Fleet:
         d = self.paths.saves / vm
         return (d / "record.json").is_file() or (d / "claim.json").is_file()
 
+    def is_saved_whole(self, vm: str) -> bool:
+        """Saved, and neither half way in (a save's intent) nor out (a resume's claim): it runs
+        nowhere."""
+        d = self.paths.saves / vm
+        return ((d / "record.json").is_file() and not (d / "intent.json").is_file()
+                and not (d / "claim.json").is_file())
+
     def destroy(self, vm: str) -> str:
         """Power the VM off and remove it everywhere (a suspended VM: its image), console logs
         included; returns where it was."""
         with self.lock_vm(vm, f"destroy of {vm}") as lease:
             guest = self.find(vm)
             suspended = self.is_suspended(vm)
-            saved = self.paths.saves / vm
-            parked = (saved / "record.json").is_file() and not any(
-                (saved / f).exists() for f in ("claim.json", "intent.json"))
-            if (guest is None or not guest.is_active()) and not parked:
+            if (guest is None or not guest.is_active()) and not self.is_saved_whole(vm):
                 # A host that does not answer may run it (a resume or a save cut short may have
                 # left it running there too, a move a stale stopped copy here): freeing its
                 # address, or anything else, would give a running VM's address to the next

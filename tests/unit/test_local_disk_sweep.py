@@ -50,7 +50,7 @@ class FakeFleet:
     find_all, lock_vm, tidy_local_disks = Fleet.find_all, Fleet.lock_vm, Fleet.tidy_local_disks
     _tidy_suspended_disks, _remove_local_disks = (Fleet._tidy_suspended_disks,
                                                   Fleet._remove_local_disks)
-    disk_kept_with_save = Fleet.disk_kept_with_save
+    disk_kept_with_save, is_saved_whole = Fleet.disk_kept_with_save, Fleet.is_saved_whole
 
     def __init__(self, tmp_path, redis_url, *hosts):
         self.paths = SimpleNamespace(saves=tmp_path / "saves")
