@@ -384,7 +384,7 @@ def redis_mid_destroy(c: Lab3, fleet: Fleet) -> str:
     still = {"definition": bool(fleet.find_all(COUNT, strict=True)),
              "address": bool(pool_for(c.paths, c.state.r).address_of(COUNT)),
              "route": ip in Edge.load(c.paths, c.state).routes(),
-             "console": bool(console.segments(c.paths.consoles, COUNT)),
+             "console": bool(fleet.consoles.segments(COUNT)),
              "save": fleet.is_suspended(COUNT)}
     if any(still.values()):
         raise RuntimeError(f"the second destroy left {[k for k, v in still.items() if v]}")
@@ -550,7 +550,8 @@ def guest_ok(c: Lab3, vm: str) -> bool:
 
 
 def _ticks(c: Lab3, vm: str) -> list[int]:
-    text = console.read(c.paths.consoles, vm).decode(errors="replace").replace("\r", "")
+    with Fleet(c.paths) as fleet:
+        text = console.read(fleet.consoles, vm).decode(errors="replace").replace("\r", "")
     lines = text.split("\n")[:-1]  # whole lines only: the last may be half written
     return [int(line.split()[1]) for line in lines if line.startswith("tick ")]
 

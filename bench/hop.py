@@ -178,7 +178,8 @@ def cli_hop(fleet, state: FleetState, env: dict, vm: str, src: str, dst: str) ->
 
 
 def counter_contiguous(paths, vm) -> bool:
-    text = console.read(paths.consoles, vm).decode(errors="replace").replace("\r", "")
+    with Fleet(paths) as fleet:
+        text = console.read(fleet.consoles, vm).decode(errors="replace").replace("\r", "")
     ticks = [int(l.split()[1]) for l in text.splitlines() if l.startswith("tick ")]
     return bool(ticks) and ticks == list(range(ticks[0], ticks[0] + len(ticks)))
 

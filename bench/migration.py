@@ -176,7 +176,8 @@ def vmmgr_move(fleet, vm, dst, cap, timeout) -> dict:
 
 
 def verify(paths, vm, workload) -> tuple[bool, str]:
-    text = console.read(paths.consoles, vm).decode(errors="replace").replace("\r", "")
+    with Fleet(paths) as fleet:
+        text = console.read(fleet.consoles, vm).decode(errors="replace").replace("\r", "")
     lines = text.splitlines()
     if workload == "counter":
         ticks = [int(l.split()[1]) for l in lines if l.startswith("tick ")]

@@ -66,7 +66,7 @@ def main() -> None:
             fleet.create(make_spec(VM, memory_mib=128, vcpus=1, kernel=image.kernel,
                                    initrd=image.initrd, cmdline=line, image_root=paths.images,
                                    workload="server"), ring[0])
-            while b"serving" not in console.read(paths.consoles, VM):
+            while b"serving" not in console.read(fleet.consoles, VM):
                 time.sleep(0.2)
             address = pool_for(paths).address_of(VM)
             client = subprocess.Popen(["ip", "netns", "exec", CLIENT_NS, sys.executable,

@@ -77,7 +77,7 @@ def _run(fleet: Fleet, paths: Paths, ring: list[str], echo, move: Mover) -> Demo
                          workload="counter")
         fleet.create(spec, ring[0])
     echo(f"== {MOVED} and {REFERENCE} counting to {TICKS} on {ring[0]}")
-    _wait_for(paths, MOVED, "tick 5", timeout=60)
+    _wait_for(fleet, MOVED, "tick 5", timeout=60)
 
     report = DemoReport()
     for target in ring[1:] + ring[:1]:
@@ -89,12 +89,12 @@ def _run(fleet: Fleet, paths: Paths, ring: list[str], echo, move: Mover) -> Demo
 
     echo("== waiting for both counters to finish")
     for name in (MOVED, REFERENCE):
-        _wait_for(paths, name, "counter done", timeout=120)
-    report.moved_lines = _lines(console.read(paths.consoles, MOVED))
-    report.reference_lines = _lines(console.read(paths.consoles, REFERENCE))
+        _wait_for(fleet, name, "counter done", timeout=120)
+    report.moved_lines = _lines(console.read(fleet.consoles, MOVED))
+    report.reference_lines = _lines(console.read(fleet.consoles, REFERENCE))
     report.identical = report.moved_lines == report.reference_lines
 
-    echo(f"\n{'moved VM (' + ' -> '.join(console.hosts_seen(paths.consoles, MOVED)) + ')':40}"
+    echo(f"\n{'moved VM (' + ' -> '.join(console.hosts_seen(fleet.consoles, MOVED)) + ')':40}"
          f"reference VM (never moved)")
     for a, b in zip(_padded(report.moved_lines, report.reference_lines),
                     _padded(report.reference_lines, report.moved_lines)):
@@ -113,10 +113,10 @@ def _padded(a: list[str], b: list[str]) -> list[str]:
     return a + [""] * (len(b) - len(a))
 
 
-def _wait_for(paths: Paths, vm: str, text: str, timeout: float) -> None:
+def _wait_for(fleet: Fleet, vm: str, text: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if text in _lines(console.read(paths.consoles, vm)):
+        if text in _lines(console.read(fleet.consoles, vm)):
             return
         time.sleep(0.2)
     raise VmmgrError(f"{vm} did not print {text!r} within {timeout:.0f} s")

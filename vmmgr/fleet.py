@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import redis
 
-from . import console, devices, local_disks, os_images, seed, site_images, view
+from . import devices, local_disks, os_images, seed, site_consoles, site_images, view
 from .addresses import NetworkConfig, mac_for, pool_for
 from .edge import Edge
 from .errors import Conflict, HostUnreachable, InvalidRequest, NotFound, VmmgrError
@@ -71,6 +71,11 @@ class Fleet:
         self.inventory = Inventory(self.state.r)
         self.owner = owner or new_owner()
         self._hosts: dict[str, Host] = {}
+
+    @property
+    def consoles(self) -> site_consoles.FleetConsoles:
+        """The VMs' serial consoles, wherever their segments are (read with `console`)."""
+        return site_consoles.FleetConsoles(self)
 
     def lock_vm(self, vm: str, what: str) -> Lease:
         """The VM's one lock, for the whole of an operation that changes it."""
@@ -256,8 +261,8 @@ class Fleet:
             if pool is not None:
                 config = NetworkConfig.load(self.paths)
                 spec = replace(spec, address=pool.allocate(spec.name), gateway=config.gateway)
-            console.remove(self.paths.consoles, spec.name)
-            path = console.next_segment(self.paths.consoles, spec.name, host_name)
+            site_consoles.remove(self, spec.name)  # a VM of that name's, destroyed before
+            path = site_consoles.new_segment(self, spec.name, host_name)
             try:
                 lease.check()
                 if spec.image:
@@ -323,7 +328,7 @@ class Fleet:
         reason = refusal(host.capacity(), guest.memory_mib(), guest.vcpus())
         if reason:
             raise Conflict(f"host {target} has no room for {vm}: {reason}")
-        segment = console.next_segment(self.paths.consoles, vm, target)
+        segment = site_consoles.new_segment(self, vm, target)
         definition = guest.xml(migratable=True, inactive=True)
         local = local_disks.local_disks(definition)
         if local:  # its disk on its host's own storage goes with it, checked on arrival
@@ -514,7 +519,7 @@ class Fleet:
             shutil.rmtree(self.paths.saves / vm, ignore_errors=True)
             for made in self.vm_files(vm):
                 made.unlink(missing_ok=True)
-            console.remove(self.paths.consoles, vm)
+            site_consoles.remove(self, vm)
             if pool is not None:
                 pool.release(vm)
             self.publish(vm)

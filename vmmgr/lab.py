@@ -198,6 +198,7 @@ class Lab:
             if self.tls:  # each host's worker dials libvirt with its host's certificate
                 for h in self.running_hosts():
                     LabPKI.install_client(services.node_home(h.name), self._host_dir(h) / "pki")
+            self._give_sites_their_consoles({r.name: r.site for r in records})
             services.start_workers({h.name: h.namespace for h in self.running_hosts()})
             services.start_notice_watchers({h.name: h.namespace for h in self.running_hosts()})
             services.start_beat()
@@ -273,6 +274,8 @@ class Lab:
             shutil.rmtree(self.root / "nodes", ignore_errors=True)  # the hosts' own homes
             shutil.rmtree(self.pki.root, ignore_errors=True)
             shutil.rmtree(self.pki.client_dir, ignore_errors=True)
+            shutil.rmtree(self.root / "sites", ignore_errors=True)  # only the lab's VMs' there
+            shutil.rmtree(self.root / "consoles-of", ignore_errors=True)
             self._remove_lab_vm_files()
             (self.root / "state.json").unlink(missing_ok=True)
             return removed
@@ -293,13 +296,15 @@ class Lab:
         lab's keeps its files."""
         lab_names = {lab_host(i).name for i in range(1, 10)}
         gone = set()
+        writers: dict[str, set[str]] = {}
         if self.paths.consoles.is_dir():
-            for d in self.paths.consoles.iterdir():
-                hosts = {console.segment_host(p) for p in console.segments(self.paths.consoles,
-                                                                           d.name)}
-                if hosts <= lab_names:
-                    shutil.rmtree(d, ignore_errors=True)
-                    gone.add(d.name)
+            for p in self.paths.consoles.iterdir():
+                if segment := console.parse(p.name):
+                    writers.setdefault(segment.vm, set()).add(segment.host)
+        for vm, hosts in writers.items():
+            if hosts <= lab_names:
+                console.LocalConsoles(self.paths.consoles).remove(vm)
+                gone.add(vm)
         if self.paths.saves.is_dir():
             for d in self.paths.saves.iterdir():
                 try:
@@ -457,10 +462,32 @@ class Lab:
         if not self._answers_within(h, FIRST_START_TIMEOUT):
             raise VmmgrError(f"{name}: libvirtd did not come back: {self._diagnosis(h)}")
 
+    def _give_sites_their_consoles(self, site_of: dict[str, str]) -> None:
+        """Each host's libvirtd (and so its QEMUs) and worker see their own site's consoles
+        folder at `<storage>/consoles`, as hosts of sites that share no storage would; the
+        hosts of a lab of one site, the storage's own. When `up` groups the hosts anew, it is
+        bound again in each running libvirtd's mount namespace, and a worker whose folder
+        changed is stopped, for `up` to start it again seeing the new one."""
+        services = self.services()
+        for h in self.running_hosts():
+            folder = self._site_consoles(site_of.get(h.name, ""))
+            if folder != services.consoles_of(h.name):
+                services.set_consoles_of(h.name, folder)  # for the next start of either
+                services.stop_worker(h.name)  # `up` starts it again, seeing the new folder
+            if pid := self._libvirtd_pid(h):  # its QEMUs have their files open already
+                _bind_in(pid, folder, self.paths.consoles)
+
+    def _site_consoles(self, site: str) -> Path:
+        folder = self.root / "sites" / site / "consoles" if site else self.paths.consoles
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
     def _spawn_libvirtd(self, h: LabHost) -> None:
         ns, d = h.namespace, self._host_dir(h)
+        consoles = self.services().consoles_of(h.name)
         binds = " ".join(
             [f"{d / sub}:{target}" for sub, target in LIBVIRT_DIRS.items()]
+            + ([f"{consoles}:{self.paths.consoles}"] if consoles != self.paths.consoles else [])
             + [f"{d / 'hosts'}:/etc/hosts"]
             + ([f"{d / 'pki'}:/etc/pki"] if self.tls else [])
         )
@@ -691,6 +718,15 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+def _bind_in(pid: int, source: Path, target: Path) -> None:
+    """`source` mounted at `target` in the mount namespace of process `pid` (what was mounted
+    there before taken away; `source` == `target`: only that)."""
+    script = ('while umount "$2" 2>/dev/null; do :; done; '
+              'if [ "$1" != "$2" ]; then mount --bind "$1" "$2"; fi')
+    _run(["nsenter", "-t", str(pid), "-m", "sh", "-c", script, "bind", str(source),
+          str(target)])
 
 
 def _run(cmd: list[str], check: bool = True) -> str:

@@ -138,14 +138,43 @@ class Services:
         """Where host's watcher looks for a notice, seen from the control node."""
         return self.node_home(host) / NOTICE_FILE
 
+    def consoles_of(self, host: str) -> Path:
+        """The folder `host` sees as `<storage>/consoles`: its site's (`set_consoles_of`), or
+        the storage's own."""
+        try:
+            return Path((self.paths.lab / "consoles-of" / host).read_text())
+        except FileNotFoundError:
+            return self.paths.consoles
+
+    def set_consoles_of(self, host: str, folder: Path) -> None:
+        (self.paths.lab / "consoles-of").mkdir(parents=True, exist_ok=True)
+        (self.paths.lab / "consoles-of" / host).write_text(str(folder))
+
+    def stop_worker(self, host: str) -> None:
+        """Stop the host's worker (a warm shutdown: it ends what it runs first, as systemd's
+        stop does), e.g. to start it again with another view of the storage."""
+        pid = self.worker_pid(host)
+        if pid is None:
+            return
+        _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _signal(pid, signal.SIGKILL)
+
     def _spawn_on(self, host: str, ns: str, name: str, python_args: list[str]) -> int:
         """A Python process of the lab's on `host`: in its network namespace and in a mount
-        namespace of its own where the node's folder is the home, with the shared storage in it."""
+        namespace of its own where the node's folder is the home, with the shared storage in it
+        (and its site's consoles folder in that)."""
         home, storage, node = str(self.paths.home), str(self.paths.storage), self.node_home(host)
-        script = ('set -e; mount --bind "$1" "$2/storage"; mount --rbind "$2" "$3"; shift 3; '
-                  'exec "$@"')
+        consoles = self.consoles_of(host)
+        script = ('set -e; mount --bind "$1" "$2/storage"; '
+                  'if [ -n "$4" ]; then mount --bind "$4" "$2/storage/consoles"; fi; '
+                  'mount --rbind "$2" "$3"; shift 4; exec "$@"')
+        self.paths.consoles.mkdir(parents=True, exist_ok=True)
         cmd = ["ip", "netns", "exec", ns, "unshare", "-m", "--propagation", "private",
                "sh", "-c", script, "node-home", storage, str(node), home,
+               "" if consoles == self.paths.consoles else str(consoles),
                # -X: the lab's folder on the command line, where `_alive` looks for it
                sys.executable, "-X", f"vmmgr-lab={self.root}", *python_args]
         return self._spawn(name, cmd, self.env(host), cwd=node)

@@ -104,10 +104,10 @@ def find(conn: libvirt.virConnect, vm: str) -> libvirt.virStorageVol | None:
     pool = ensure_pool(conn)
     vol = _lookup(pool, vm)
     if vol is None:  # a volume a migration made is not in libvirt's list until a refresh
-        _refresh(pool)
+        refresh(pool)
         vol = _lookup(pool, vm)
     elif not _exists(vol):  # nor is one it removed gone from it
-        _refresh(pool)
+        refresh(pool)
         vol = _lookup(pool, vm)
     return vol
 
@@ -146,7 +146,8 @@ def _exists(vol: libvirt.virStorageVol) -> bool:
         return False
 
 
-def _refresh(pool: libvirt.virStoragePool, attempts: int = 20) -> None:
+def refresh(pool: libvirt.virStoragePool, attempts: int = 20,
+            what: str = "the host's disk pool") -> None:
     """libvirt refuses a refresh while a volume of the pool is being built or streamed (a
     reclaim moves several VMs to one host at once): wait for it, briefly."""
     for attempt in range(attempts):
@@ -155,7 +156,7 @@ def _refresh(pool: libvirt.virStoragePool, attempts: int = 20) -> None:
             return
         except libvirt.libvirtError as err:
             if "asynchronous jobs" not in str(err) or attempt == attempts - 1:
-                raise translate(err, "the host's disk pool") from err
+                raise translate(err, what) from err
             time.sleep(0.25)
 
 

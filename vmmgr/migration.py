@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import libvirt
 import redis
 
-from . import console, local_disks, policy as pol, site_images
+from . import local_disks, policy as pol, site_consoles, site_images
 from .edge import Edge
 from .errors import Conflict, JobAborted, MigrationFailed, NotFound, PostcopyPaused, VmmgrError
 from .fleet import Fleet, require_active, require_other_host
@@ -369,7 +369,7 @@ class _Migration:
 
     def run(self) -> MigrationResult:
         guest = self.guest
-        segment = console.next_segment(self.fleet.paths.consoles, guest.name, self.target)
+        segment = site_consoles.new_segment(self.fleet, guest.name, self.target)
         persistent = guest.xml(inactive=True, migratable=True)
         self.disks = local_disks.local_disks(persistent)
         flags, params = self._flags_and_params(segment)
@@ -478,7 +478,7 @@ class _Migration:
         link may be back: the same migration, its flags and the policy it started with."""
         guest = self.guest
         self.postcopy_started = True
-        segment = console.current_segment(self.fleet.paths.consoles, guest.name, self.target)
+        segment = site_consoles.current_segment(self.fleet, guest.name, self.target)
         flags, params = self._flags_and_params(segment)
         address = address_of(guest.xml(inactive=True))  # now: the source is gone once it ends
         started_at, t0 = time.time(), time.monotonic()

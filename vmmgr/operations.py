@@ -278,7 +278,7 @@ def _resumed_before(fleet: Fleet, report: Report, vm: str) -> dict:
         return {"vm": vm, "host": guest.host_name, "already_done": True}
     restored, segment = None, guest.console_path()
     if record.get("saved_as") == "hibernated" and guest.workload() and segment:
-        restored = suspension.came_back(segment, guest, suspension.RESTORE_WAIT)
+        restored = suspension.came_back(fleet.consoles, segment, guest, suspension.RESTORE_WAIT)
     result = suspension.Resumed(vm, guest.host_name, 0, 0.0,
                                 state="running" if guest.is_active() else "shutoff",
                                 restored=restored)

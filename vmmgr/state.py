@@ -353,6 +353,26 @@ class FleetState:
     def drop_cancel(self, vm: str) -> None:
         self.r.delete(P + f"cancel:{vm}")
 
+    # ---- console segments (`site_consoles`): numbered here, as sites keep their files apart --
+
+    def console_segment_added(self, vm: str, host: str) -> int:
+        """The next segment number of the VM's console, recorded as `host`'s. The count is
+        never reset (a destroy forgets the segments, not it): a file left on a site that did
+        not answer is never taken up by a new segment of the same name (QEMU appends)."""
+        key = P + "console:" + vm
+        seq = int(self.r.hincrby(key, "next", 1))
+        self.r.hset(key, str(seq), host)
+        return seq
+
+    def console_segments(self, vm: str) -> list[tuple[int, str]]:
+        """(number, host) of each of the VM's segments, in order."""
+        return sorted((int(k), h) for k, h in self.r.hgetall(P + "console:" + vm).items()
+                      if k.isdigit())
+
+    def forget_console_segments(self, vm: str, seqs: list[int]) -> None:
+        if seqs:
+            self.r.hdel(P + "console:" + vm, *map(str, seqs))
+
     # ---- base images being sent to a host (`site_images`): one cut short is swept ----------
 
     def image_copy_started(self, image: str, host: str, base: str) -> None:

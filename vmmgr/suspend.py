@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import console, devices, local_disks, os_images, site_images
+from . import console, devices, local_disks, os_images, site_consoles, site_images
 from .errors import (Conflict, HibernationFailed, HostUnreachable, InvalidRequest, NotFound,
                      VmmgrError)
 from .fleet import Fleet, require_active
@@ -318,7 +318,7 @@ def _resume(fleet: Fleet, vm: str, host: str | None) -> Resumed:
         if reason:
             raise Conflict(f"host {host} has no room to resume {vm}: {reason}")
         d = save_dir(fleet, vm)
-        segment = console.next_segment(fleet.paths.consoles, vm, host)
+        segment = site_consoles.new_segment(fleet, vm, host)
         lease.check()
         _claim(d, vm)
         try:
@@ -410,22 +410,26 @@ def _boot_from_hibernation(fleet: Fleet, record: Suspended, target, segment: Pat
     _resumed_on(fleet, target, d, None)
     # The kernel restores the image, or finds none it can use and boots afresh: only the guest
     # can tell, and the built-in one does on its console (a real image's kernel is quiet).
-    restored = came_back(segment, guest, RESTORE_WAIT) if workload_of(definition) else None
+    restored = (came_back(fleet.consoles, segment, guest, RESTORE_WAIT)
+                if workload_of(definition) else None)
     return Resumed(record.vm, target.name, int((time.monotonic() - t0) * 1000),
                    round(time.time() - record.suspended_at, 1), restored=restored)
 
 
-def came_back(segment: Path, guest, timeout: float, poll: float = 0.5) -> bool | None:
+def came_back(consoles: console.Consoles, segment: Path, guest, timeout: float,
+              poll: float = 0.5) -> bool | None:
     """Whether a built-in guest booted from its hibernation image restored it. Booting afresh,
     its /init writes FRESH_BOOT_LINE first, before its agent opens its port; restored, it goes
     on printing what it printed, and its agent (running all along) opens the port again. So:
-    the first whole line of its new console segment decides, else a connected agent with no
-    line a moment later means restored. None: neither within `timeout`."""
+    the first whole line of its new console segment (read from its host's site: `consoles`)
+    decides, else a connected agent with no line a moment later means restored. None: neither
+    within `timeout`."""
+    part = console.parse(segment.name)
+
     def first_line() -> str | None:
-        try:
-            with open(segment, "rb") as f:  # the head only: a chatty guest's log grows fast
-                text = f.read(4096).decode(errors="replace").replace("\r", "")
-        except FileNotFoundError:
+        try:  # the head only: a chatty guest's log grows fast
+            text = consoles.read(part, 0, 4096).decode(errors="replace").replace("\r", "")
+        except VmmgrError:  # its host's site does not answer now: asked again
             return None
         return text.split("\n", 1)[0].strip() if "\n" in text else None
 

@@ -175,11 +175,12 @@ class TrainingDemo:
         self.echo(f"== 4 VMs from {IMAGE}{where} booting: moving pair {' + '.join(MOVING)} on "
                   f"{start[MOVING[0]]}, still pair on {start[STILL[0]]} and {start[STILL[1]]}")
         deadline = time.monotonic() + BOOT_TIMEOUT
-        for vm in start:
-            while b"finished at" not in console.read(self.paths.consoles, vm):  # cloud-init done
-                if time.monotonic() > deadline:
-                    raise VmmgrError(f"{vm} did not finish booting in {BOOT_TIMEOUT} s")
-                time.sleep(2)
+        with Fleet(self.paths) as fleet:
+            for vm in start:
+                while b"finished at" not in console.read(fleet.consoles, vm):  # cloud-init done
+                    if time.monotonic() > deadline:
+                        raise VmmgrError(f"{vm} did not finish booting in {BOOT_TIMEOUT} s")
+                    time.sleep(2)
         self.echo("   all four booted; cloud-init put the key and the addresses in place")
 
     def _address(self, vm: str) -> str:

@@ -131,7 +131,8 @@ def progress_stream(vm: str) -> Iterator[dict]:
 
 def ssh_host_keys(vm: str) -> list[str]:
     """The SSH host keys the VM printed on its console at first boot (a VM from an OS image)."""
-    return guest_ssh.host_keys(console.read(paths().consoles, vm).decode(errors="replace"))
+    with fleet() as f:
+        return guest_ssh.host_keys(console.read(f.consoles, vm).decode(errors="replace"))
 
 
 def console_stream(vm: str, tail: int = 65536) -> Iterator[str]:
@@ -139,10 +140,11 @@ def console_stream(vm: str, tail: int = 65536) -> Iterator[str]:
     across every host the VM moves to. A viewer costs a chunk of memory, not the log's size."""
     deadline = time.monotonic() + current_app.config["SSE_MAX_SECONDS"]
     text = codecs.getincrementaldecoder("utf-8")("replace")  # a character may span two reads
-    for chunk in console.follow(paths().consoles, vm, tail=tail,
-                                stop=lambda: time.monotonic() > deadline):
-        if decoded := text.decode(chunk):
-            yield decoded
+    with fleet() as f:
+        for chunk in console.follow(f.consoles, vm, tail=tail,
+                                    stop=lambda: time.monotonic() > deadline):
+            if decoded := text.decode(chunk):
+                yield decoded
 
 
 def window(args, since_default: str) -> tuple[float, float]:

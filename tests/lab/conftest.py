@@ -117,8 +117,19 @@ def cli(*args, check_code=None) -> subprocess.CompletedProcess:
     return proc
 
 
+_readers: dict = {}
+
+
+def consoles(paths) -> console.Consoles:
+    """The lab's consoles as the CLI reads them: numbered in the store, each segment through the
+    libvirt of a host that sees its site's storage (one fleet for the session's reads)."""
+    if paths.home not in _readers:
+        _readers[paths.home] = Fleet(paths)
+    return _readers[paths.home].consoles
+
+
 def ticks(paths, vm) -> list[int]:
-    text = console.read(paths.consoles, vm).decode(errors="replace").replace("\r", "")
+    text = console.read(consoles(paths), vm).decode(errors="replace").replace("\r", "")
     # Only whole lines: the guest may be halfway through writing the last one ("tick ").
     lines = text.split("\n")[:-1]
     return [int(line.split()[1]) for line in lines if line.startswith("tick ")]

@@ -10,11 +10,13 @@ from vmmgr.errors import MigrationFailed
 from vmmgr.migration import migrate
 from vmmgr.policy import get_policy
 
-from .conftest import VMMGR, assert_contiguous, cli, ticks, wait_ticks, where_defined
+from .conftest import (
+    VMMGR, assert_contiguous, cli, consoles, ticks, wait_ticks, where_defined,
+)
 
 
 def dirtier_lines(paths, vm) -> list[str]:
-    text = console.read(paths.consoles, vm).decode(errors="replace").replace("\r", "")
+    text = console.read(consoles(paths), vm).decode(errors="replace").replace("\r", "")
     return [line for line in text.splitlines() if line.startswith(("dirtier", "CORRUPT"))]
 
 
@@ -117,7 +119,7 @@ def test_cancel_in_mid_migration_leaves_the_vm_on_the_source(make_vm, fleet, pat
     assert fleet.locate("cancelme").state() == "running"
     wait_ticks(paths, "cancelme", len(ticks(paths, "cancelme")) + 5)
     assert_contiguous(ticks(paths, "cancelme"))
-    assert console.hosts_seen(paths.consoles, "cancelme") == ["host1"]
+    assert console.hosts_seen(consoles(paths), "cancelme") == ["host1"]
     # Nothing to cancel now: a clear refusal.
     proc = cli("migrate", "cancel", "cancelme")
     assert proc.returncode == 4 and "no migration in progress" in proc.stderr
@@ -135,7 +137,7 @@ def test_safe_policy_aborts_at_its_timeout_and_the_vm_stays(make_vm, fleet, path
     before = wait_dirtier_passes(paths, "stuck", 0)
     wait_dirtier_passes(paths, "stuck", before + 2)
     assert_memory_intact(paths, "stuck")
-    assert console.hosts_seen(paths.consoles, "stuck") == ["host2"]
+    assert console.hosts_seen(consoles(paths), "stuck") == ["host2"]
 
 
 def test_postcopy_recovers_when_the_link_breaks(make_vm, fleet, paths):
@@ -224,7 +226,7 @@ def test_a_postcopy_left_paused_is_recorded_so_and_resumed_when_the_link_returns
     wait_dirtier_passes(paths, "pcpause", before + 3)
     assert_memory_intact(paths, "pcpause")
     # Its console goes on in host2's segment, kept through the break (the QEMU there writes it).
-    assert console.hosts_seen(paths.consoles, "pcpause") == ["host1", "host2"]
+    assert console.hosts_seen(consoles(paths), "pcpause") == ["host1", "host2"]
 
 
 def test_a_slow_link_measured_once_is_crossed_next_time_by_compressed_multifd(make_vm, fleet,

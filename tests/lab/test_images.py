@@ -13,7 +13,7 @@ from vmmgr import console, local_disks, os_images, seed
 from vmmgr.addresses import pool_for
 from vmmgr.lab_net import CLIENT_NS
 
-from .conftest import VMMGR, cli
+from .conftest import VMMGR, cli, consoles
 from .test_faults import faults
 
 BOOT_TIMEOUT_S = 600  # TCG: Debian's kernel, systemd and cloud-init's first boot take minutes
@@ -77,7 +77,7 @@ def _ssh(key, address, command, timeout=60):
 def _wait_console(paths, vm, text, timeout=BOOT_TIMEOUT_S):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        seen = console.read(paths.consoles, vm).decode(errors="replace")
+        seen = console.read(consoles(paths), vm).decode(errors="replace")
         if text in seen:
             return seen
         time.sleep(3)

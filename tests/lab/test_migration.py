@@ -12,7 +12,9 @@ from vmmgr.errors import Conflict, InvalidRequest
 from vmmgr.migration import migrate
 from vmmgr.policy import get_policy
 
-from .conftest import VMMGR, assert_contiguous, cli, ticks, wait_ticks, where_defined
+from .conftest import (
+    VMMGR, assert_contiguous, cli, consoles, ticks, wait_ticks, where_defined,
+)
 
 
 def test_ring_migration_keeps_the_console_contiguous(make_vm, fleet, paths):
@@ -31,7 +33,7 @@ def test_ring_migration_keeps_the_console_contiguous(make_vm, fleet, paths):
 
     assert seen[0] == 0
     assert_contiguous(seen)
-    assert console.hosts_seen(paths.consoles, "ring") == ["host1", "host2", "host3", "host1"]
+    assert console.hosts_seen(consoles(paths), "ring") == ["host1", "host2", "host3", "host1"]
     for r, (src, dst) in zip(results, [("host1", "host2"), ("host2", "host3"), ("host3", "host1")]):
         assert (r.source, r.target) == (src, dst)
         assert 0 < r.downtime_ms < r.total_ms
@@ -68,7 +70,7 @@ def test_unknown_host_is_refused_and_the_vm_keeps_running(make_vm, fleet, paths)
         "vmmgr: error: unknown host 'host9' (known hosts: host1, host2, host3)")
     assert cli("migrate", "ghost", "--to", "host2").returncode == 3  # unknown VM
     assert_still_counting_on(fleet, paths, "stay", "host1")
-    assert console.hosts_seen(paths.consoles, "stay") == ["host1"]
+    assert console.hosts_seen(consoles(paths), "stay") == ["host1"]
 
 
 def test_second_migration_while_one_runs_is_refused(make_vm, fleet, paths):
@@ -129,7 +131,7 @@ def test_console_follow_streams_across_a_move(make_vm, fleet, paths):
     stop = threading.Event()
     got = []
     reader = threading.Thread(target=lambda: got.extend(
-        console.follow(paths.consoles, "follow", poll=0.05, stop=stop.is_set)))
+        console.follow(consoles(paths), "follow", poll=0.05, stop=stop.is_set)))
     reader.start()
     migrate(fleet, "follow", "host2")
     wait_ticks(paths, "follow", len(ticks(paths, "follow")) + 5)

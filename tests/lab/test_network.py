@@ -14,7 +14,7 @@ from vmmgr.edge import Edge
 from vmmgr.images import stream_tool
 from vmmgr.lab_net import CLIENT_NS, OUTSIDE_CLIENT_IP, OUTSIDE_EDGE_IP
 
-from .conftest import cli, where_defined
+from .conftest import cli, consoles, where_defined
 
 HERE = Path(__file__).parent
 RING = ["host2", "host3", "host1"]
@@ -34,7 +34,7 @@ def expected_sha(paths, mib):
 
 def console_text(paths, vm):
     from vmmgr import console
-    return console.read(paths.consoles, vm).decode(errors="replace")
+    return console.read(consoles(paths), vm).decode(errors="replace")
 
 
 def wait_console(paths, vm, text, timeout=120):

@@ -67,6 +67,23 @@ def test_moves_stay_in_their_site_and_cross_the_wan_only_when_it_is_full(lab, ma
         assert_contiguous(ticks(paths, "mover"))  # it went on across the WAN
         # The move measured the WAN (200 Mbit/s is 23.8 MiB/s): the next move over it knows.
         assert state.link_mibps("host2", "host3") < 24
+        # Its console followed it across sites that share no storage: each segment is on the
+        # storage of the site whose host wrote it, none where the control node runs, and the
+        # CLI reads all of it through the hosts, in order, without a gap.
+        folders = {site: lab.root / "sites" / site / "consoles" for site in ("site1", "site2")}
+        on = {site: sorted(p.name for p in f.glob("mover@*")) for site, f in folders.items()}
+        assert [n.split("-", 1)[1] for n in on["site1"]] == ["host1.log", "host2.log"], on
+        assert [n.split("-", 1)[1] for n in on["site2"]] == ["host3.log"], on
+        assert not list(paths.consoles.glob("mover@*"))
+        shown = json.loads(cli("vm", "show", "mover", "--json", check_code=0).stdout)
+        assert shown["console_hosts"] == ["host1", "host2", "host3"]
+        printed = cli("vm", "console", "mover", check_code=0).stdout.replace("\r", "")
+        assert_contiguous([int(line.split()[1]) for line in printed.split("\n")[:-1]
+                           if line.startswith("tick ")])
+        # A destroy removes it on both sites, through their hosts.
+        cli("vm", "destroy", "mover", check_code=0)
+        assert not [p for f in folders.values() for p in f.glob("mover@*")]
+        assert state.console_segments("mover") == []
     finally:
         cli("host", "enable", "host1")
         cli("host", "enable", "host2")

@@ -8,7 +8,7 @@ from vmmgr.errors import Conflict
 
 import pytest
 
-from .conftest import assert_contiguous, cli, ticks, wait_ticks, where_defined
+from .conftest import assert_contiguous, cli, consoles, ticks, wait_ticks, where_defined
 from .test_engine import assert_memory_intact, wait_dirtier_passes
 
 
@@ -34,7 +34,7 @@ def test_suspend_then_resume_on_another_host_continues_exactly(make_vm, fleet, p
     seen = wait_ticks(paths, "sleeper", len(frozen) + 5)
     assert seen[0] == 0
     assert_contiguous(seen)  # no tick lost, none repeated
-    assert console.hosts_seen(paths.consoles, "sleeper") == ["host1", "host2"]
+    assert console.hosts_seen(consoles(paths), "sleeper") == ["host1", "host2"]
     assert not (paths.saves / "sleeper").exists()
 
 
@@ -209,4 +209,4 @@ def test_a_resume_whose_answer_is_lost_is_finished_not_undone(make_vm, fleet, pa
     assert fleet.locate("lostres").is_persistent()
     seen = wait_ticks(paths, "lostres", len(ticks(paths, "lostres")) + 5)
     assert_contiguous(seen)
-    assert console.hosts_seen(paths.consoles, "lostres") == ["host1", "host2"]
+    assert console.hosts_seen(consoles(paths), "lostres") == ["host1", "host2"]

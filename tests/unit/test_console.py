@@ -1,7 +1,11 @@
 import threading
 import time
 
-from vmmgr import console
+import pytest
+
+from vmmgr import console, site_consoles
+from vmmgr.console import LocalConsoles, Segment
+from vmmgr.errors import HostUnreachable
 
 
 def write(path, text):
@@ -10,48 +14,67 @@ def write(path, text):
 
 
 def test_segments_are_numbered_in_order_and_joined(tmp_path):
-    first = console.next_segment(tmp_path, "vm", "host1")
+    consoles = LocalConsoles(tmp_path)
+    first = consoles.next_segment("vm", "host1")
+    assert first.name == "vm@000001-host1.log"
     write(first, "tick 0\ntick 1\n")
     paths = [first]
     for i in range(2, 13):  # past 9 and 10: order must be numeric
-        seg = console.next_segment(tmp_path, "vm", f"host{i}")
+        seg = consoles.next_segment("vm", f"host{i}")
         write(seg, f"tick {i}\n")
         paths.append(seg)
-    assert console.segments(tmp_path, "vm") == paths
-    assert console.read(tmp_path, "vm").decode().splitlines()[:3] == ["tick 0", "tick 1", "tick 2"]
-    assert console.hosts_seen(tmp_path, "vm")[:2] == ["host1", "host2"]
+    write(consoles.next_segment("vm.2", "host1"), "another VM's\n")  # a name with a dot
+    assert [consoles.path(s) for s in consoles.segments("vm")] == paths
+    assert console.read(consoles, "vm").decode().splitlines()[:3] == ["tick 0", "tick 1", "tick 2"]
+    assert console.hosts_seen(consoles, "vm")[:2] == ["host1", "host2"]
+    assert console.read(consoles, "vm.2") == b"another VM's\n"
+
+
+def test_a_segment_name_says_its_vm_number_and_host(tmp_path):
+    assert console.parse("web.1@000012-host-3.example.log") == Segment(12, "web.1", "host-3.example")
+    assert console.parse("000001-host1.log") is None  # no VM: not a segment
+    assert console.parse("vm@1-host1.log") is None
+
+
+def test_a_large_segment_is_read_whole_in_chunks(tmp_path):
+    consoles = LocalConsoles(tmp_path)
+    data = bytes(range(256)) * (3 * console.CHUNK // 256 + 7)
+    consoles.next_segment("vm", "h").write_bytes(data)
+    assert console.read(consoles, "vm") == data
 
 
 def test_an_empty_segment_from_an_aborted_move_is_skipped_and_never_reused(tmp_path):
-    write(console.next_segment(tmp_path, "vm", "host1"), "a\n")
-    aborted = console.next_segment(tmp_path, "vm", "host2")
+    consoles = LocalConsoles(tmp_path)
+    write(consoles.next_segment("vm", "host1"), "a\n")
+    aborted = consoles.next_segment("vm", "host2")
     aborted.touch()
-    after = console.next_segment(tmp_path, "vm", "host3")
-    assert after.name.startswith("000003-")
+    after = consoles.next_segment("vm", "host3")
+    assert after.name.startswith("vm@000003-")
     write(after, "b\n")
-    assert console.hosts_seen(tmp_path, "vm") == ["host1", "host3"]
-    assert console.read(tmp_path, "vm") == b"a\nb\n"
+    assert console.hosts_seen(consoles, "vm") == ["host1", "host3"]
+    assert console.read(consoles, "vm") == b"a\nb\n"
 
 
 def test_unknown_vm_has_no_output(tmp_path):
-    assert console.read(tmp_path, "nobody") == b""
-    assert console.segments(tmp_path, "nobody") == []
+    assert console.read(LocalConsoles(tmp_path), "nobody") == b""
+    assert LocalConsoles(tmp_path / "none").segments("nobody") == []
 
 
 def test_follow_switches_hosts_without_losing_the_sources_last_bytes(tmp_path):
-    seg1 = console.next_segment(tmp_path, "vm", "host1")
+    consoles = LocalConsoles(tmp_path)
+    seg1 = consoles.next_segment("vm", "host1")
     write(seg1, "tick 0\n")
     got, done = [], threading.Event()
 
     def reader():
-        for chunk in console.follow(tmp_path, "vm", poll=0.01, stop=done.is_set):
+        for chunk in console.follow(consoles, "vm", poll=0.01, stop=done.is_set):
             got.append(chunk)
 
     t = threading.Thread(target=reader)
     t.start()
     time.sleep(0.05)
     write(seg1, "tick 1\n")  # the source's last tick ...
-    seg2 = console.next_segment(tmp_path, "vm", "host2")
+    seg2 = consoles.next_segment("vm", "host2")
     write(seg2, "tick 2\n")  # ... then the destination's first
     time.sleep(0.05)
     write(seg2, "tick 3\n")
@@ -61,8 +84,53 @@ def test_follow_switches_hosts_without_losing_the_sources_last_bytes(tmp_path):
     assert b"".join(got) == b"tick 0\ntick 1\ntick 2\ntick 3\n"
 
 
-def test_remove_forgets_the_vm(tmp_path):
-    write(console.next_segment(tmp_path, "vm", "host1"), "x")
-    console.remove(tmp_path, "vm")
-    assert console.segments(tmp_path, "vm") == []
-    assert console.next_segment(tmp_path, "vm", "h").name == "000001-h.log"
+def test_follow_with_a_tail_starts_that_many_bytes_before_the_end(tmp_path):
+    consoles = LocalConsoles(tmp_path)
+    write(consoles.next_segment("vm", "host1"), "tick 0\ntick 1\n")
+    write(consoles.next_segment("vm", "host2"), "tick 2\n")
+    got = b"".join(console.follow(consoles, "vm", poll=0.01, stop=lambda: True, tail=10))
+    assert got == b" 1\ntick 2\n"
+
+
+def test_remove_forgets_the_vm_only(tmp_path):
+    consoles = LocalConsoles(tmp_path)
+    write(consoles.next_segment("vm", "host1"), "x")
+    write(consoles.next_segment("vm2", "host1"), "y")
+    consoles.remove("vm")
+    assert consoles.segments("vm") == []
+    assert console.read(consoles, "vm2") == b"y"
+    assert consoles.next_segment("vm", "h").name == "vm@000001-h.log"
+
+
+class Sites:
+    """What `site_consoles` asks of a fleet: its hosts' sites and which of them answer."""
+
+    def __init__(self, sites, silent=()):
+        self._sites, self.silent = sites, set(silent)
+
+    def sites(self):
+        return self._sites
+
+    def host(self, name):
+        if name in self.silent:
+            raise HostUnreachable(f"{name} does not answer")
+        return type("H", (), {"conn": object()})()
+
+
+def test_a_segment_is_read_through_its_writer_or_another_host_of_its_site():
+    fleet = Sites({"a1": "east", "a2": "east", "b1": "west"})
+    assert site_consoles.readers(fleet, "a1") == ["a1", "a2"]
+    assert site_consoles.readers(fleet, "b1") == ["b1"]  # never through another site's host
+    assert site_consoles.reader(fleet, "a1") == "a1"
+    fleet.silent = {"a1"}
+    assert site_consoles.reader(fleet, "a1") == "a2"
+    fleet.silent = {"b1"}
+    with pytest.raises(HostUnreachable, match="no host that sees b1's storage answers"):
+        site_consoles.reader(fleet, "b1")
+
+
+def test_a_fleet_of_one_site_reads_any_segment_through_any_host():
+    fleet = Sites({"h1": "", "h2": "", "h3": ""}, silent={"h1"})
+    assert site_consoles.readers(fleet, "h1") == ["h1", "h2", "h3"]
+    assert site_consoles.reader(fleet, "h1") == "h2"
+    assert site_consoles.readers(fleet, "gone") == ["h1", "h2", "h3"]  # a host that left

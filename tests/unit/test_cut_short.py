@@ -300,7 +300,7 @@ def test_any_exception_in_libvirts_migration_call_is_a_failure_not_a_success(tmp
     guest.job_stats.return_value = {"type": 0}
     fleet = mocker.Mock()
     fleet.state.cancel_asked.return_value = False
-    fleet.paths.consoles = tmp_path
+    mocker.patch("vmmgr.site_consoles.new_segment", return_value=tmp_path / "vm1@000002-h2.log")
     fleet.host.return_value.record.tls = True
     fleet.host.return_value.uri = "qemu+tls://10.0.0.2/system"
     migration = _Migration(fleet, guest, "h2", get_policy(None), None, 0.01,
@@ -449,7 +449,7 @@ def _switching_migration(tmp_path, mocker, domain_xml):
         return hosts[name]
 
     fleet = mocker.Mock()
-    fleet.paths.consoles = tmp_path
+    mocker.patch("vmmgr.site_consoles.new_segment", return_value=tmp_path / "vm1@000002-h2.log")
     fleet.host.side_effect = host
     fleet.state.cancel_asked.return_value = False
     migration = _Migration(fleet, guest, "h2", get_policy(None), None, 0.01,

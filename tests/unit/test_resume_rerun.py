@@ -28,7 +28,7 @@ def fleet(mocker):
     guest = fleet.locate.return_value
     guest.host_name = "host2"
     guest.workload.return_value = "counter"
-    guest.console_path.return_value = Path("/storage/consoles/gpu1/0003.log")
+    guest.console_path.return_value = Path("/storage/consoles/gpu1@000003-h2.log")
     guest.is_active.return_value = True
     return fleet
 
@@ -41,7 +41,7 @@ def test_a_rerun_after_the_boot_says_whether_the_hibernated_guest_came_back(
     done = operations.resume(fleet, Report(), "gpu1", "host2")
     assert done["already_done"] and done["host"] == "host2" and done["restored"] is restored
     waited.assert_called_once()
-    assert waited.call_args.args[0] == Path("/storage/consoles/gpu1/0003.log")
+    assert waited.call_args.args[1] == Path("/storage/consoles/gpu1@000003-h2.log")
     recorded = fleet.state.record.call_args
     assert recorded.args[:2] == ("resumed", "gpu1") and recorded.args[2]["host"] == "host2"
 

@@ -60,3 +60,15 @@ def as_role(app):
     def make(role: str):
         return login(app.test_client(), role)
     return make
+
+
+@pytest.fixture
+def consoles(home, mocker):
+    """The fleet's consoles as a folder of the test's: what the console reads through the hosts'
+    libvirt on a fleet, written here directly."""
+    from vmmgr.console import LocalConsoles
+    from vmmgr.fleet import Fleet
+
+    local = LocalConsoles(home.consoles)
+    mocker.patch.object(Fleet, "consoles", property(lambda self: local))
+    return local

@@ -200,14 +200,11 @@ def test_a_progress_stream_for_an_unknown_vm_is_a_404_at_once(as_role):
     assert r.status_code == 404
 
 
-def test_a_console_viewer_reads_the_tail_not_the_whole_log(app, home, mocker):
-    from vmmgr import console
+def test_a_console_viewer_reads_the_tail_not_the_whole_log(app, consoles, mocker):
     from webui import backend
 
-    folder = home.consoles / "big"
-    folder.mkdir(parents=True)
-    (folder / "000001-host1.log").write_bytes(b"x" * (8 << 20) + "é".encode() * 10)
-    reads = mocker.spy(console, "_read_from")
+    consoles.next_segment("big", "host1").write_bytes(b"x" * (8 << 20) + "é".encode() * 10)
+    reads = mocker.spy(consoles, "read")
     with app.test_request_context():
         text = "".join(backend.console_stream("big", tail=21))
     assert text == "x" + "é" * 10

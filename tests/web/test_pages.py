@@ -150,13 +150,11 @@ def test_an_accepted_action_is_queued_and_its_progress_streamed(as_role, redis_u
     assert snapshots[0]["operation"]["state"] == "PENDING"
 
 
-def test_the_console_stream_sends_the_tail_then_what_follows(app, home):
+def test_the_console_stream_sends_the_tail_then_what_follows(app, consoles):
     from webui import backend
 
-    folder = home.consoles / "vm1"
-    folder.mkdir(parents=True)
-    (folder / "000001-host1.log").write_bytes(b"tick 0\ntick 1\n")
-    (folder / "000002-host2.log").write_bytes(b"tick 2\n\xff\n")
+    consoles.next_segment("vm1", "host1").write_bytes(b"tick 0\ntick 1\n")
+    consoles.next_segment("vm1", "host2").write_bytes(b"tick 2\n\xff\n")
     with app.test_request_context():
         assert "".join(backend.console_stream("vm1")) == "tick 0\ntick 1\ntick 2\n\ufffd\n"
         assert "".join(backend.console_stream("vm1", tail=9)) == "tick 2\n\ufffd\n"
@@ -183,15 +181,13 @@ def test_the_vms_page_shows_a_page_of_rows_and_links_the_next(as_role, redis_url
     assert r.status_code == 400
 
 
-def test_a_vm_from_an_image_shows_how_to_log_in_and_its_power_buttons(as_role, redis_url, home):
+def test_a_vm_from_an_image_shows_how_to_log_in_and_its_power_buttons(as_role, redis_url, consoles):
     """Its host keys as it printed them (what `vm ssh` pins); Stop and Reboot while it runs,
     Start once it is shut off; a viewer sees the keys but no buttons."""
     from vmmgr import view
     from vmmgr.fleet import VMInfo
 
-    folder = home.consoles / "dev1"
-    folder.mkdir(parents=True)
-    (folder / "000001-host1.log").write_bytes(
+    consoles.next_segment("dev1", "host1").write_bytes(
         b"boot\n-----BEGIN SSH HOST KEY KEYS-----\nssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIkey"
         b" root@dev1\n-----END SSH HOST KEY KEYS-----\nlogin:\n")
     st = FleetState(redis_url)
@@ -207,13 +203,12 @@ def test_a_vm_from_an_image_shows_how_to_log_in_and_its_power_buttons(as_role, r
     assert 'id="login"' in viewer and "Stop (clean shutdown)" not in viewer
 
 
-def test_the_api_gives_a_vms_login_with_its_host_keys(app, home, redis_url, tokens):
+def test_the_api_gives_a_vms_login_with_its_host_keys(app, consoles, redis_url, tokens):
     from vmmgr import view
     from vmmgr.fleet import VMInfo
     from .test_api import auth
 
-    (home.consoles / "dev2").mkdir(parents=True)
-    (home.consoles / "dev2" / "000001-host1.log").write_bytes(
+    consoles.next_segment("dev2", "host1").write_bytes(
         b"-----BEGIN SSH HOST KEY KEYS-----\nssh-ed25519 AAAAkey root@dev2\n"
         b"-----END SSH HOST KEY KEYS-----\n")
     FleetState(redis_url).replace_vm_views([view.guest_row(VMInfo(

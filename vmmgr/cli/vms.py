@@ -139,12 +139,13 @@ def vm_show(paths: Paths, name: str, as_json: bool) -> None:
     """One VM: where it runs, its size, its console's hosts, its record and migration attempts."""
     with Fleet(paths) as fleet:
         row = overview.vm_row(fleet, name)  # NotFound for an unknown VM
+        console_hosts = console.hosts_seen(fleet.consoles, name)
     info = {k: row[k] for k in ("name", "host", "state", "memory_mib", "vcpus")}
     if row["host"] == "-":
         info["suspended_from"] = row["suspended_from"]
     else:
         info["workload"] = row["workload"] or ""
-    info["console_hosts"] = console.hosts_seen(paths.consoles, name)
+    info["console_hosts"] = console_hosts
     info |= _network_path(paths, name)
     if row.get("device_count"):
         info["devices"] = f"{row['device_count']} x {row['device_model']}"
@@ -189,17 +190,17 @@ def vm_console(paths: Paths, name: str, follow: bool) -> None:
     """The VM's whole serial output, across every host it ran on."""
     with Fleet(paths) as fleet:
         admission.known_vm(fleet, name)  # a suspended VM's output is on storage too
-    out = sys.stdout.buffer
-    if not follow:
-        out.write(console.read(paths.consoles, name))
-        out.flush()
-        return
-    try:
-        for chunk in console.follow(paths.consoles, name):
-            out.write(chunk)
+        out = sys.stdout.buffer
+        if not follow:
+            out.write(console.read(fleet.consoles, name))
             out.flush()
-    except KeyboardInterrupt:
-        pass
+            return
+        try:
+            for chunk in console.follow(fleet.consoles, name):
+                out.write(chunk)
+                out.flush()
+        except KeyboardInterrupt:
+            pass
 
 
 @vm.command("ssh", context_settings={"ignore_unknown_options": True})
@@ -217,10 +218,11 @@ def vm_ssh(paths: Paths, name: str, identity: Path | None, command: tuple[str, .
         if guest is None or not guest.is_active():
             raise Conflict(f"{name} is not running (vm list shows its state)")
         lab = fleet.host(guest.host_name).record.lab
+        printed = console.read(fleet.consoles, name).decode(errors="replace")
     address = pool_for(paths).address_of(name) if pool_for(paths) else None
     if address is None:
         raise Conflict(f"{name} has no stable address")
-    keys = guest_ssh.host_keys(console.read(paths.consoles, name).decode(errors="replace"))
+    keys = guest_ssh.host_keys(printed)
     if not keys:
         raise Conflict(f"{name} printed no SSH host keys on its console (cloud-init prints them "
                        f"when the VM first boots an image: is it up yet?)")

@@ -1,0 +1,176 @@
+"""Consoles on storage that sites keep apart: segments numbered in the fleet's store, their
+files read and removed through the libvirt of a host that sees them.
+
+A segment's file is on the storage of the host whose QEMU writes it: its site's, which every
+host of the site sees at the same path (a fleet that names no site has one storage). So the
+store says which segments a VM has and which host wrote each; the bytes come from that host, or
+from another host of its site when it does not answer. Each host has one `dir` pool over its
+consoles folder (`POOL`, defined on first use and started on every boot, as `local_disks`'s):
+readers share it, and nothing here goes through this process's file system, so the CLI and the
+web console need no storage of their own.
+"""
+
+import contextlib
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+import libvirt
+
+from . import local_disks
+from .console import CHUNK, Segment
+from .errors import HostUnreachable, VmmgrError
+from .libvirt_errors import translated
+
+POOL = "vmmgr-consoles"
+
+
+def pool_xml(folder: Path) -> str:
+    return (f"<pool type='dir'><name>{POOL}</name><target><path>{escape(str(folder))}</path>"
+            "<permissions><mode>0755</mode></permissions></target></pool>")
+
+
+def ensure_pool(conn: libvirt.virConnect, folder: Path) -> libvirt.virStoragePool:
+    """The host's consoles pool, defined, built (the folder, if its storage lacks it) and
+    started on first use. Two first uses at once: the second finds the first's."""
+    with translated("the host's consoles folder"):
+        try:
+            pool = conn.storagePoolLookupByName(POOL)
+        except libvirt.libvirtError as err:
+            if err.get_error_code() != libvirt.VIR_ERR_NO_STORAGE_POOL:
+                raise
+            try:
+                pool = conn.storagePoolDefineXML(pool_xml(folder), 0)
+            except libvirt.libvirtError:
+                pool = conn.storagePoolLookupByName(POOL)  # defined meanwhile, or raise
+            pool.build(0)  # the folder (and any missing above it); one that exists is kept
+            pool.setAutostart(1)
+        if not pool.isActive():
+            with contextlib.suppress(libvirt.libvirtError):
+                pool.create(0)
+            if not pool.isActive():  # not started by someone else meanwhile either
+                pool.create(0)
+        return pool
+
+
+def _volume(pool: libvirt.virStoragePool, name: str, fresh: bool = False
+            ) -> libvirt.virStorageVol | None:
+    """The segment's volume, or None where its file does not exist. A file QEMU made since
+    the pool was last looked at is not in libvirt's list until a refresh (`fresh`: refresh
+    first, to know it is not there)."""
+    if fresh:
+        local_disks.refresh(pool, what="the host's consoles folder")
+    try:
+        vol = pool.storageVolLookupByName(name)
+    except libvirt.libvirtError as err:
+        if err.get_error_code() != libvirt.VIR_ERR_NO_STORAGE_VOL:
+            raise
+        return None if fresh else _volume(pool, name, fresh=True)
+    try:
+        vol.info()  # stats the file: one removed since stays listed until a refresh
+        return vol
+    except libvirt.libvirtError:
+        return None if fresh else _volume(pool, name, fresh=True)
+
+
+class FleetConsoles:
+    """The consoles of a fleet's VMs, wherever their segments are (`console.Consoles`)."""
+
+    def __init__(self, fleet):
+        self.fleet = fleet
+
+    def segments(self, vm: str) -> list[Segment]:
+        return [Segment(seq, vm, host) for seq, host in self.fleet.state.console_segments(vm)]
+
+    def size(self, segment: Segment) -> int:
+        vol = self._volume(segment)
+        if vol is None:
+            return 0
+        with translated(f"the console of {segment.vm}"):
+            return int(vol.info()[1])
+
+    def read(self, segment: Segment, offset: int, limit: int = CHUNK) -> bytes:
+        vol = self._volume(segment)
+        if vol is None:
+            return b""
+        conn = vol.connect()
+        with translated(f"the console of {segment.vm}"):
+            stream = conn.newStream(0)
+            try:
+                vol.download(stream, offset, limit, 0)
+                parts = []
+                while data := stream.recv(limit):  # b"": the end (a blocking stream)
+                    parts.append(data)
+                stream.finish()
+            except BaseException:
+                with contextlib.suppress(libvirt.libvirtError):
+                    stream.abort()
+                raise
+        return b"".join(parts)
+
+    def _volume(self, segment: Segment) -> libvirt.virStorageVol | None:
+        host = reader(self.fleet, segment.host)
+        with translated(f"the console of {segment.vm} on {host}"):
+            return _volume(ensure_pool(self.fleet.host(host).conn, self.fleet.paths.consoles),
+                           segment.name)
+
+
+def readers(fleet, writer: str) -> list[str]:
+    """The hosts that see what `writer` wrote to its storage, the writer first: its site's
+    (a fleet that names no site shares one storage)."""
+    sites = fleet.sites()
+    if writer not in sites:  # it left the fleet: any host may share its storage
+        return sorted(sites)
+    return [writer] + sorted(h for h, s in sites.items() if s == sites[writer] and h != writer)
+
+
+def reader(fleet, writer: str) -> str:
+    """The first of `readers` that answers."""
+    for host in readers(fleet, writer):
+        try:
+            fleet.host(host).conn
+            return host
+        except VmmgrError:
+            continue
+    raise HostUnreachable(f"no host that sees {writer}'s storage answers: its console output "
+                          "there cannot be read now")
+
+
+def new_segment(fleet, vm: str, host: str) -> Path:
+    """A fresh segment of the VM's console for `host`'s QEMU, numbered in the store after every
+    earlier one, on the host's storage (its consoles folder made there if it has none)."""
+    with translated(f"the consoles folder of {host}"):
+        pool = ensure_pool(fleet.host(host).conn, fleet.paths.consoles)
+        while True:
+            segment = Segment(fleet.state.console_segment_added(vm, host), vm, host)
+            if _volume(pool, segment.name, fresh=True) is None:
+                return fleet.paths.consoles / segment.name
+            # a file by that name already: a count the store lost; never append to it
+
+
+def current_segment(fleet, vm: str, host: str) -> Path:
+    """The newest segment `host` writes for `vm` (a migration resumed after a break goes on with
+    the destination's QEMU, which already writes there); a fresh one if it has none."""
+    mine = [seq for seq, h in fleet.state.console_segments(vm) if h == host]
+    if mine:
+        return fleet.paths.consoles / Segment(mine[-1], vm, host).name
+    return new_segment(fleet, vm, host)
+
+
+def remove(fleet, vm: str) -> bool:
+    """Remove the VM's console: each segment's file through a host that sees it, and every
+    number from the store. A file on a storage no host answers for stays there, never read
+    again nor appended to (the count goes on); whether every file is gone."""
+    known = fleet.state.console_segments(vm)
+    whole = True
+    for seq, host in known:
+        try:
+            who = reader(fleet, host)
+            with translated(f"the console of {vm} on {who}"):
+                pool = ensure_pool(fleet.host(who).conn, fleet.paths.consoles)
+                vol = _volume(pool, Segment(seq, vm, host).name)
+                if vol is not None:
+                    vol.delete(0)
+        except VmmgrError:
+            whole = False
+    fleet.state.forget_console_segments(vm, [seq for seq, _ in known])
+    return whole
