@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from .errors import VmmgrError
+
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 SEGMENT_RE = re.compile(rf"^({_NAME})@(\d{{6}})-({_NAME})\.log$")  # '@' is in no name
 CHUNK = 1 << 16  # read at a time: the guest decides how large its log grows
@@ -42,14 +44,18 @@ def parse(name: str) -> Segment | None:
 
 
 class Consoles(Protocol):
+    """Where a fleet's console segments are. `size` and `chunks` raise `VmmgrError` when the
+    segment cannot be read now (no host of its site answers): that is not an empty segment."""
+
     def segments(self, vm: str) -> list[Segment]:
         """The VM's segments in order (an empty or missing one too: a move that was aborted)."""
 
     def size(self, segment: Segment) -> int:
         """Bytes written so far (0 for a segment no QEMU has opened)."""
 
-    def read(self, segment: Segment, offset: int, limit: int = CHUNK) -> bytes:
-        """Up to `limit` bytes from `offset` (b"" at its end, or when it does not exist)."""
+    def chunks(self, segment: Segment, offset: int = 0, limit: int = 0) -> Iterator[bytes]:
+        """Its bytes from `offset` to its end as it is now (at most `limit`, if given), CHUNK
+        at a time; none when it does not exist."""
 
 
 @dataclass
@@ -74,13 +80,17 @@ class LocalConsoles:
         except FileNotFoundError:
             return 0
 
-    def read(self, segment: Segment, offset: int, limit: int = CHUNK) -> bytes:
+    def chunks(self, segment: Segment, offset: int = 0, limit: int = 0) -> Iterator[bytes]:
         try:
-            with self.path(segment).open("rb") as f:
-                f.seek(offset)
-                return f.read(limit)
+            f = self.path(segment).open("rb")
         except FileNotFoundError:
-            return b""
+            return
+        with f:
+            f.seek(offset)
+            left = limit or -1
+            while left and (data := f.read(CHUNK if left < 0 else min(CHUNK, left))):
+                left -= len(data) if left > 0 else 0
+                yield data
 
     def next_segment(self, vm: str, host: str) -> Path:
         """A fresh segment numbered after every existing one (even empty ones left by an aborted
@@ -94,20 +104,25 @@ class LocalConsoles:
             self.path(segment).unlink(missing_ok=True)
 
 
-def read(consoles: Consoles, vm: str) -> bytes:
-    """The whole output, in memory: for what is known to be short (a test, host keys)."""
+def read(consoles: Consoles, vm: str, unread: list[Segment] | None = None) -> bytes:
+    """The whole output, in memory: for what is known to be short (a test, host keys). A
+    segment that cannot be read now is left out and added to `unread` (if given; else the error
+    goes up)."""
     out = []
     for segment in consoles.segments(vm):
-        offset = 0
-        while chunk := consoles.read(segment, offset):
-            out.append(chunk)
-            offset += len(chunk)
+        try:
+            out += list(consoles.chunks(segment))
+        except VmmgrError:
+            if unread is None:
+                raise
+            unread.append(segment)
     return b"".join(out)
 
 
 def hosts_seen(consoles: Consoles, vm: str) -> list[str]:
-    """The hosts whose segments hold output, in order."""
-    return [s.host for s in consoles.segments(vm) if consoles.size(s)]
+    """The hosts whose segments hold output, in order (one whose site does not answer: not
+    known to)."""
+    return [s.host for s in consoles.segments(vm) if _size_or_zero(consoles, s)]
 
 
 def follow(consoles: Consoles, vm: str, poll: float = 0.2, stop=lambda: False,
@@ -117,36 +132,51 @@ def follow(consoles: Consoles, vm: str, poll: float = 0.2, stop=lambda: False,
     CHUNK bytes in memory at once, however large the log.
 
     A later segment is switched to only once it holds data: by then the guest has resumed on the
-    next host, so the current segment has had its last byte and is read to its end first.
+    next host, so the current segment has had its last byte and is read to its end first. A
+    segment that cannot be read now (no host of its site answers) is waited for, never skipped,
+    even when it may be empty (a move to that site that broke off).
     """
     current = consoles.segments(vm)
     index, offset = _tail_start(consoles, current, tail) if tail is not None else (0, 0)
     while True:
         if index < len(current):
-            chunk = consoles.read(current[index], offset)
-            if chunk:
-                offset += len(chunk)
-                yield chunk
-                continue
-            later = [s for s in current[index + 1:] if consoles.size(s)]
-            if later:
-                # Bytes written to the current segment after the read above came before the
-                # next host's first byte: read them before switching.
-                while rest := consoles.read(current[index], offset):
-                    offset += len(rest)
-                    yield rest
-                index, offset = current.index(later[0]), 0
-                continue
+            try:
+                read_any = moved_on = False
+                for chunk in consoles.chunks(current[index], offset):
+                    offset += len(chunk)
+                    read_any = True
+                    yield chunk
+                if not read_any:
+                    # the next that holds data, unless one before it cannot be read now
+                    later = next((s for s in current[index + 1:] if consoles.size(s)), None)
+                    if later:
+                        # Bytes written to the current segment after the read above came
+                        # before the next host's first byte: read them before switching.
+                        for rest in consoles.chunks(current[index], offset):
+                            offset += len(rest)
+                            yield rest
+                        index, offset, moved_on = current.index(later), 0, True
+                if read_any or moved_on:
+                    continue
+            except VmmgrError:
+                pass  # its site does not answer: asked again after the poll
         if stop():
             return
         time.sleep(poll)
         current = consoles.segments(vm)
 
 
+def _size_or_zero(consoles: Consoles, segment: Segment) -> int:
+    try:
+        return consoles.size(segment)
+    except VmmgrError:
+        return 0
+
+
 def _tail_start(consoles: Consoles, segments: list[Segment], tail: int) -> tuple[int, int]:
     """(segment index, offset) where the last `tail` bytes of the segments begin."""
     for index in range(len(segments) - 1, -1, -1):
-        size = consoles.size(segments[index])
+        size = _size_or_zero(consoles, segments[index])
         if size >= tail:
             return index, size - tail
         tail -= size

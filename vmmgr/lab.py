@@ -274,9 +274,9 @@ class Lab:
             shutil.rmtree(self.root / "nodes", ignore_errors=True)  # the hosts' own homes
             shutil.rmtree(self.pki.root, ignore_errors=True)
             shutil.rmtree(self.pki.client_dir, ignore_errors=True)
+            self._remove_lab_vm_files()
             shutil.rmtree(self.root / "sites", ignore_errors=True)  # only the lab's VMs' there
             shutil.rmtree(self.root / "consoles-of", ignore_errors=True)
-            self._remove_lab_vm_files()
             (self.root / "state.json").unlink(missing_ok=True)
             return removed
 
@@ -297,13 +297,15 @@ class Lab:
         lab_names = {lab_host(i).name for i in range(1, 10)}
         gone = set()
         writers: dict[str, set[str]] = {}
-        if self.paths.consoles.is_dir():
-            for p in self.paths.consoles.iterdir():
+        folders = [self.paths.consoles, *(self.root / "sites").glob("*/consoles")]
+        for folder in filter(Path.is_dir, folders):
+            for p in folder.iterdir():
                 if segment := console.parse(p.name):
                     writers.setdefault(segment.vm, set()).add(segment.host)
         for vm, hosts in writers.items():
             if hosts <= lab_names:
-                console.LocalConsoles(self.paths.consoles).remove(vm)
+                for folder in folders:
+                    console.LocalConsoles(folder).remove(vm)
                 gone.add(vm)
         if self.paths.saves.is_dir():
             for d in self.paths.saves.iterdir():
@@ -471,10 +473,14 @@ class Lab:
         services = self.services()
         for h in self.running_hosts():
             folder = self._site_consoles(site_of.get(h.name, ""))
-            if folder != services.consoles_of(h.name):
-                services.set_consoles_of(h.name, folder)  # for the next start of either
-                services.stop_worker(h.name)  # `up` starts it again, seeing the new folder
-            if pid := self._libvirtd_pid(h):  # its QEMUs have their files open already
+            if folder == services.consoles_of(h.name):
+                continue  # as its daemons were started, or last bound
+            if self._count_vms(h):
+                self.log(f"{h.name} changes site with VMs on it: they write on where they "
+                         "were, out of its new site's sight (a real host never changes site)")
+            services.set_consoles_of(h.name, folder)  # for the next start of either
+            services.stop_worker(h.name)  # `up` starts it again, seeing the new folder
+            if pid := self._libvirtd_pid(h):
                 _bind_in(pid, folder, self.paths.consoles)
 
     def _site_consoles(self, site: str) -> Path:
@@ -723,7 +729,8 @@ def _signal(pid: int, sig: int) -> None:
 def _bind_in(pid: int, source: Path, target: Path) -> None:
     """`source` mounted at `target` in the mount namespace of process `pid` (what was mounted
     there before taken away; `source` == `target`: only that)."""
-    script = ('while umount "$2" 2>/dev/null; do :; done; '
+    # lazily: a QEMU's open file keeps the folder it was opened in
+    script = ('while umount -l "$2" 2>/dev/null; do :; done; '
               'if [ "$1" != "$2" ]; then mount --bind "$1" "$2"; fi')
     _run(["nsenter", "-t", str(pid), "-m", "sh", "-c", script, "bind", str(source),
           str(target)])

@@ -11,6 +11,8 @@ web console need no storage of their own.
 """
 
 import contextlib
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from xml.sax.saxutils import escape
 
@@ -73,10 +75,16 @@ def _volume(pool: libvirt.virStoragePool, name: str, fresh: bool = False
 
 
 class FleetConsoles:
-    """The consoles of a fleet's VMs, wherever their segments are (`console.Consoles`)."""
+    """The consoles of a fleet's VMs, wherever their segments are (`console.Consoles`). Keeps
+    the volumes it found, and for a second what it found missing (a move aborted before its
+    QEMU made the file: a follower would otherwise rescan the folder at every poll)."""
+
+    MISSING_FOR = 1.0  # s
 
     def __init__(self, fleet):
         self.fleet = fleet
+        self._vols: dict[str, libvirt.virStorageVol] = {}
+        self._missing: dict[str, float] = {}
 
     def segments(self, vm: str) -> list[Segment]:
         return [Segment(seq, vm, host) for seq, host in self.fleet.state.console_segments(vm)]
@@ -85,33 +93,60 @@ class FleetConsoles:
         vol = self._volume(segment)
         if vol is None:
             return 0
-        with translated(f"the console of {segment.vm}"):
-            return int(vol.info()[1])
+        try:
+            # the file's own size: a capacity would be what a guest-written header claims
+            return int(vol.infoFlags(libvirt.VIR_STORAGE_VOL_GET_PHYSICAL)[2])
+        except libvirt.libvirtError:
+            self._vols.pop(segment.name, None)  # removed, or its host went: looked up anew
+            vol = self._volume(segment)
+            with translated(f"the console of {segment.vm}"):
+                return int(vol.infoFlags(libvirt.VIR_STORAGE_VOL_GET_PHYSICAL)[2]) if vol else 0
 
-    def read(self, segment: Segment, offset: int, limit: int = CHUNK) -> bytes:
+    def chunks(self, segment: Segment, offset: int = 0, limit: int = 0) -> Iterator[bytes]:
         vol = self._volume(segment)
         if vol is None:
-            return b""
+            return
         conn = vol.connect()
-        with translated(f"the console of {segment.vm}"):
-            stream = conn.newStream(0)
-            try:
-                vol.download(stream, offset, limit, 0)
-                parts = []
-                while data := stream.recv(limit):  # b"": the end (a blocking stream)
-                    parts.append(data)
-                stream.finish()
-            except BaseException:
-                with contextlib.suppress(libvirt.libvirtError):
-                    stream.abort()
-                raise
-        return b"".join(parts)
+        try:
+            with translated(f"the console of {segment.vm}"):
+                stream = conn.newStream(0)
+                try:
+                    vol.download(stream, offset, limit, 0)  # one stream to its end (or limit)
+                    while data := stream.recv(CHUNK):  # b"": the end (a blocking stream)
+                        yield data
+                    stream.finish()
+                except BaseException:
+                    with contextlib.suppress(libvirt.libvirtError):
+                        stream.abort()
+                    raise
+        except VmmgrError:
+            self._vols.pop(segment.name, None)
+            raise
 
     def _volume(self, segment: Segment) -> libvirt.virStorageVol | None:
-        host = reader(self.fleet, segment.host)
-        with translated(f"the console of {segment.vm} on {host}"):
-            return _volume(ensure_pool(self.fleet.host(host).conn, self.fleet.paths.consoles),
-                           segment.name)
+        """The segment's volume through the first host that sees its writer's storage and
+        answers; None where that storage has no such file."""
+        if segment.name in self._vols:
+            return self._vols[segment.name]
+        if self._missing.get(segment.name, 0) > time.monotonic():
+            return None
+        errors = []
+        for host in readers(self.fleet, segment.host):
+            try:
+                with translated(f"the console of {segment.vm} on {host}"):
+                    pool = ensure_pool(self.fleet.host(host).conn, self.fleet.paths.consoles)
+                    vol = _volume(pool, segment.name)
+            except VmmgrError as err:
+                errors.append(str(err))
+                continue
+            if vol is None:
+                self._missing[segment.name] = time.monotonic() + self.MISSING_FOR
+            else:
+                self._vols[segment.name] = vol
+            return vol
+        raise HostUnreachable(f"no host that sees {segment.host}'s storage answers: its part "
+                              f"of {segment.vm}'s console cannot be read now "
+                              f"({'; '.join(errors) or 'no such host'})")
 
 
 def readers(fleet, writer: str) -> list[str]:
@@ -123,18 +158,6 @@ def readers(fleet, writer: str) -> list[str]:
     return [writer] + sorted(h for h, s in sites.items() if s == sites[writer] and h != writer)
 
 
-def reader(fleet, writer: str) -> str:
-    """The first of `readers` that answers."""
-    for host in readers(fleet, writer):
-        try:
-            fleet.host(host).conn
-            return host
-        except VmmgrError:
-            continue
-    raise HostUnreachable(f"no host that sees {writer}'s storage answers: its console output "
-                          "there cannot be read now")
-
-
 def new_segment(fleet, vm: str, host: str) -> Path:
     """A fresh segment of the VM's console for `host`'s QEMU, numbered in the store after every
     earlier one, on the host's storage (its consoles folder made there if it has none)."""
@@ -144,7 +167,9 @@ def new_segment(fleet, vm: str, host: str) -> Path:
             segment = Segment(fleet.state.console_segment_added(vm, host), vm, host)
             if _volume(pool, segment.name, fresh=True) is None:
                 return fleet.paths.consoles / segment.name
-            # a file by that name already: a count the store lost; never append to it
+            # A file by that name already (a count the store lost): never appended to, and
+            # its number forgotten, so it is never read as this VM's either.
+            fleet.state.forget_console_segments(vm, [segment.seq])
 
 
 def current_segment(fleet, vm: str, host: str) -> Path:
@@ -161,14 +186,13 @@ def remove(fleet, vm: str) -> bool:
     number from the store. A file on a storage no host answers for stays there, never read
     again nor appended to (the count goes on); whether every file is gone."""
     known = fleet.state.console_segments(vm)
-    whole = True
+    consoles, whole = FleetConsoles(fleet), True
     for seq, host in known:
+        segment = Segment(seq, vm, host)
         try:
-            who = reader(fleet, host)
-            with translated(f"the console of {vm} on {who}"):
-                pool = ensure_pool(fleet.host(who).conn, fleet.paths.consoles)
-                vol = _volume(pool, Segment(seq, vm, host).name)
-                if vol is not None:
+            vol = consoles._volume(segment)
+            if vol is not None:
+                with translated(f"the console of {vm}"):
                     vol.delete(0)
         except VmmgrError:
             whole = False

@@ -427,10 +427,13 @@ def came_back(consoles: console.Consoles, segment: Path, guest, timeout: float,
     part = console.parse(segment.name)
 
     def first_line() -> str | None:
+        if part is None:  # not a segment vmmgr named: nothing to read
+            return None
         try:  # the head only: a chatty guest's log grows fast
-            text = consoles.read(part, 0, 4096).decode(errors="replace").replace("\r", "")
+            head = b"".join(consoles.chunks(part, 0, 4096))
         except VmmgrError:  # its host's site does not answer now: asked again
             return None
+        text = head.decode(errors="replace").replace("\r", "")
         return text.split("\n", 1)[0].strip() if "\n" in text else None
 
     deadline = time.monotonic() + timeout

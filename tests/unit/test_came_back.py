@@ -53,11 +53,11 @@ def test_a_site_that_does_not_answer_is_asked_again(tmp_path):
     class Silent(LocalConsoles):
         calls = 0
 
-        def read(self, segment, offset, limit=4096):
+        def chunks(self, segment, offset=0, limit=0):
             Silent.calls += 1
             if Silent.calls < 3:
                 raise HostUnreachable("no host that sees host2's storage answers")
-            return super().read(segment, offset, limit)
+            return super().chunks(segment, offset, limit)
 
     segment = tmp_path / "vm@000002-host2.log"
     segment.write_text("tick 41\n")

@@ -1,6 +1,7 @@
 import threading
 import time
 
+import libvirt
 import pytest
 
 from vmmgr import console, site_consoles
@@ -102,11 +103,44 @@ def test_remove_forgets_the_vm_only(tmp_path):
     assert consoles.next_segment("vm", "h").name == "vm@000001-h.log"
 
 
-class Sites:
-    """What `site_consoles` asks of a fleet: its hosts' sites and which of them answer."""
+class Vol:
+    def __init__(self, data: bytes):
+        self.data = data
 
-    def __init__(self, sites, silent=()):
+    def infoFlags(self, flags):
+        assert flags == libvirt.VIR_STORAGE_VOL_GET_PHYSICAL
+        return [0, 1 << 40, len(self.data)]  # a capacity the file's header may claim
+
+    def info(self):
+        return [0, 1 << 40, len(self.data)]
+
+
+class Pool:
+    def __init__(self, files):
+        self.files, self.refreshes = files, 0
+
+    def isActive(self):
+        return True
+
+    def refresh(self, flags):
+        self.refreshes += 1
+
+    def storageVolLookupByName(self, name):
+        if name not in self.files:
+            err = libvirt.libvirtError("no storage vol")
+            err.get_error_code = lambda: libvirt.VIR_ERR_NO_STORAGE_VOL
+            raise err
+        return Vol(self.files[name])
+
+
+class Site:
+    """What `site_consoles` asks of a fleet: its hosts' sites, which of them answer, and each
+    host's consoles pool (the files of its site's storage)."""
+
+    def __init__(self, sites, storage, silent=()):
         self._sites, self.silent = sites, set(silent)
+        self.pools = {h: Pool(storage[s]) for h, s in sites.items()}
+        self.paths = type("P", (), {"consoles": "/storage/consoles"})()
 
     def sites(self):
         return self._sites
@@ -114,23 +148,83 @@ class Sites:
     def host(self, name):
         if name in self.silent:
             raise HostUnreachable(f"{name} does not answer")
-        return type("H", (), {"conn": object()})()
+        pool = self.pools[name]
+        return type("H", (), {"conn": type("C", (), {
+            "storagePoolLookupByName": lambda self, n: pool})()})()
 
 
 def test_a_segment_is_read_through_its_writer_or_another_host_of_its_site():
-    fleet = Sites({"a1": "east", "a2": "east", "b1": "west"})
+    fleet = Site({"a1": "east", "a2": "east", "b1": "west"},
+                 {"east": {"vm@000001-a1.log": b"x" * 10}, "west": {}})
     assert site_consoles.readers(fleet, "a1") == ["a1", "a2"]
     assert site_consoles.readers(fleet, "b1") == ["b1"]  # never through another site's host
-    assert site_consoles.reader(fleet, "a1") == "a1"
+    first = Segment(1, "vm", "a1")
     fleet.silent = {"a1"}
-    assert site_consoles.reader(fleet, "a1") == "a2"
-    fleet.silent = {"b1"}
-    with pytest.raises(HostUnreachable, match="no host that sees b1's storage answers"):
-        site_consoles.reader(fleet, "b1")
+    assert site_consoles.FleetConsoles(fleet).size(first) == 10  # its file's, not the header's
+    fleet.silent = {"a1", "a2"}
+    with pytest.raises(HostUnreachable, match="no host that sees a1's storage answers"):
+        site_consoles.FleetConsoles(fleet).size(first)
+
+
+def test_a_missing_segment_is_not_looked_for_again_at_once():
+    """A move aborted before its QEMU made the file: a follower must not rescan the folder at
+    every poll."""
+    fleet = Site({"a1": ""}, {"": {}})
+    consoles = site_consoles.FleetConsoles(fleet)
+    aborted = Segment(2, "vm", "a1")
+    assert consoles.size(aborted) == 0 and consoles.size(aborted) == 0
+    assert fleet.pools["a1"].refreshes == 1
 
 
 def test_a_fleet_of_one_site_reads_any_segment_through_any_host():
-    fleet = Sites({"h1": "", "h2": "", "h3": ""}, silent={"h1"})
+    fleet = Site({"h1": "", "h2": "", "h3": ""}, {"": {}}, silent={"h1"})
     assert site_consoles.readers(fleet, "h1") == ["h1", "h2", "h3"]
-    assert site_consoles.reader(fleet, "h1") == "h2"
     assert site_consoles.readers(fleet, "gone") == ["h1", "h2", "h3"]  # a host that left
+
+
+class Unreachable(LocalConsoles):
+    """Local consoles whose host2 segments cannot be read until `back` is set."""
+    back = False
+
+    def size(self, segment):
+        self._check(segment)
+        return super().size(segment)
+
+    def chunks(self, segment, offset=0, limit=0):
+        self._check(segment)
+        return super().chunks(segment, offset, limit)
+
+    def _check(self, segment):
+        if segment.host == "host2" and not self.back:
+            raise HostUnreachable("no host that sees host2's storage answers")
+
+
+def test_a_whole_read_leaves_out_what_cannot_be_read_and_says_so(tmp_path):
+    consoles = Unreachable(tmp_path)
+    write(consoles.next_segment("vm", "host1"), "a\n")
+    write(consoles.next_segment("vm", "host2"), "b\n")
+    write(consoles.next_segment("vm", "host3"), "c\n")
+    unread = []
+    assert console.read(consoles, "vm", unread) == b"a\nc\n"
+    assert unread == [Segment(2, "vm", "host2")]
+    assert console.hosts_seen(consoles, "vm") == ["host1", "host3"]
+    with pytest.raises(HostUnreachable):
+        console.read(consoles, "vm")
+
+
+def test_follow_waits_for_a_segment_it_cannot_read_and_never_skips_it(tmp_path):
+    consoles = Unreachable(tmp_path)
+    write(consoles.next_segment("vm", "host1"), "a\n")
+    write(consoles.next_segment("vm", "host2"), "b\n")
+    write(consoles.next_segment("vm", "host3"), "c\n")
+    got, done = [], threading.Event()
+    t = threading.Thread(target=lambda: got.extend(
+        console.follow(consoles, "vm", poll=0.01, stop=done.is_set)))
+    t.start()
+    time.sleep(0.1)
+    assert b"".join(got) == b"a\n"  # host2's part first: host3's waits for it
+    consoles.back = True
+    time.sleep(0.1)
+    done.set()
+    t.join(2)
+    assert b"".join(got) == b"a\nb\nc\n"

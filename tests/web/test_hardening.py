@@ -204,7 +204,7 @@ def test_a_console_viewer_reads_the_tail_not_the_whole_log(app, consoles, mocker
     from webui import backend
 
     consoles.next_segment("big", "host1").write_bytes(b"x" * (8 << 20) + "é".encode() * 10)
-    reads = mocker.spy(consoles, "read")
+    reads = mocker.spy(consoles, "chunks")
     with app.test_request_context():
         text = "".join(backend.console_stream("big", tail=21))
     assert text == "x" + "é" * 10

@@ -12,7 +12,7 @@ from .. import (admission, console, display, guest_ssh, overview, requests, susp
                workloads)
 from ..addresses import pool_for
 from ..edge import Edge
-from ..errors import Conflict, InvalidRequest
+from ..errors import Conflict, HostUnreachable, InvalidRequest
 from ..fleet import Fleet
 from ..images import ensure_builtin
 from ..paths import Paths
@@ -186,15 +186,21 @@ def _network_path(paths: Paths, vm: str) -> dict:
 @click.argument("name")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing as the VM writes.")
 @click.pass_obj
-def vm_console(paths: Paths, name: str, follow: bool) -> None:
-    """The VM's whole serial output, across every host it ran on."""
+def vm_console(paths: Paths, name: str, follow: bool) -> int | None:
+    """The VM's whole serial output, across every host it ran on (exit 5, after the rest, when
+    a part is on a site none of whose hosts answers)."""
     with Fleet(paths) as fleet:
         admission.known_vm(fleet, name)  # a suspended VM's output is on storage too
         out = sys.stdout.buffer
         if not follow:
-            out.write(console.read(fleet.consoles, name))
+            unread: list[console.Segment] = []
+            out.write(console.read(fleet.consoles, name, unread))
             out.flush()
-            return
+            for segment in unread:  # the rest is printed: say what is missing, and why
+                click.echo(f"warning: what {name} wrote on {segment.host} (segment "
+                           f"{segment.seq}) cannot be read now: no host of its site answers",
+                           err=True)
+            return HostUnreachable.exit_code if unread else 0
         try:
             for chunk in console.follow(fleet.consoles, name):
                 out.write(chunk)
