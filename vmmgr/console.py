@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .errors import VmmgrError
+from .errors import HostUnreachable
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 SEGMENT_RE = re.compile(rf"^({_NAME})@(\d{{6}})-({_NAME})\.log$")  # '@' is in no name
@@ -44,14 +44,15 @@ def parse(name: str) -> Segment | None:
 
 
 class Consoles(Protocol):
-    """Where a fleet's console segments are. `size` and `chunks` raise `VmmgrError` when the
-    segment cannot be read now (no host of its site answers): that is not an empty segment."""
+    """Where a fleet's console segments are. `size` and `chunks` raise `HostUnreachable` when
+    the segment cannot be read now (no host of its site answers): that is not an empty segment."""
 
     def segments(self, vm: str) -> list[Segment]:
         """The VM's segments in order (an empty or missing one too: a move that was aborted)."""
 
-    def size(self, segment: Segment) -> int:
-        """Bytes written so far (0 for a segment no QEMU has opened)."""
+    def size(self, segment: Segment, fresh: bool = False) -> int:
+        """Bytes written so far (0 for a segment no QEMU has opened; `fresh`: looked at now,
+        not as remembered)."""
 
     def chunks(self, segment: Segment, offset: int = 0, limit: int = 0) -> Iterator[bytes]:
         """Its bytes from `offset` to its end as it is now (at most `limit`, if given), CHUNK
@@ -74,7 +75,7 @@ class LocalConsoles:
             return []
         return sorted(s for s in map(parse, names) if s is not None and s.vm == vm)
 
-    def size(self, segment: Segment) -> int:
+    def size(self, segment: Segment, fresh: bool = False) -> int:
         try:
             return self.path(segment).stat().st_size
         except FileNotFoundError:
@@ -112,7 +113,7 @@ def read(consoles: Consoles, vm: str, unread: list[Segment] | None = None) -> by
     for segment in consoles.segments(vm):
         try:
             out += list(consoles.chunks(segment))
-        except VmmgrError:
+        except HostUnreachable:
             if unread is None:
                 raise
             unread.append(segment)
@@ -129,47 +130,61 @@ def follow(consoles: Consoles, vm: str, poll: float = 0.2, stop=lambda: False,
            tail: int | None = None) -> Iterator[bytes]:
     """Yield the console's bytes as they are written, across segments, until `stop()` is true;
     with `tail`, only the last `tail` bytes written so far, then what follows. Never more than
-    CHUNK bytes in memory at once, however large the log.
+    a chunk (or a `Consoles`'s window) in memory at once, however large the log.
 
     A later segment is switched to only once it holds data: by then the guest has resumed on the
     next host, so the current segment has had its last byte and is read to its end first. A
     segment that cannot be read now (no host of its site answers) is waited for, never skipped,
-    even when it may be empty (a move to that site that broke off).
+    even when it may be empty (a move to that site that broke off). Segments are followed by
+    number: one forgotten meanwhile (the VM destroyed) is left for the first after it.
     """
-    current = consoles.segments(vm)
-    index, offset = _tail_start(consoles, current, tail) if tail is not None else (0, 0)
+    segments = consoles.segments(vm)
+    index, offset = _tail_start(consoles, segments, tail) if tail is not None else (0, 0)
+    current = segments[index] if index < len(segments) else None
     while True:
-        if index < len(current):
+        if current is not None:
             try:
                 read_any = moved_on = False
-                for chunk in consoles.chunks(current[index], offset):
+                for chunk in consoles.chunks(current, offset):
                     offset += len(chunk)
                     read_any = True
                     yield chunk
-                if not read_any:
-                    # the next that holds data, unless one before it cannot be read now
-                    later = next((s for s in current[index + 1:] if consoles.size(s)), None)
-                    if later:
-                        # Bytes written to the current segment after the read above came
-                        # before the next host's first byte: read them before switching.
-                        for rest in consoles.chunks(current[index], offset):
-                            offset += len(rest)
-                            yield rest
-                        index, offset, moved_on = current.index(later), 0, True
+                if not read_any and (later := _next_with_data(consoles, segments, current)):
+                    # Bytes written to the current segment after the read above came before
+                    # the next host's first byte: read them before switching.
+                    for rest in consoles.chunks(current, offset):
+                        offset += len(rest)
+                        yield rest
+                    current, offset, moved_on = later, 0, True
                 if read_any or moved_on:
                     continue
-            except VmmgrError:
+            except HostUnreachable:
                 pass  # its site does not answer: asked again after the poll
         if stop():
             return
         time.sleep(poll)
-        current = consoles.segments(vm)
+        segments = consoles.segments(vm)
+        if current not in segments:  # none yet, or forgotten (the VM destroyed)
+            after = current.seq if current is not None else 0
+            current = next((s for s in segments if s.seq > after), None)
+            offset = 0
+
+
+def _next_with_data(consoles: Consoles, segments: list[Segment], current: Segment
+                    ) -> Segment | None:
+    """The first segment after `current` that holds data, unless one before it cannot be read
+    now (HostUnreachable). Sizes remembered are looked at again before the answer is given:
+    one remembered empty may have filled meanwhile."""
+    after = [s for s in segments if s.seq > current.seq]
+    if next((s for s in after if consoles.size(s)), None) is None:
+        return None
+    return next((s for s in after if consoles.size(s, fresh=True)), None)
 
 
 def _size_or_zero(consoles: Consoles, segment: Segment) -> int:
     try:
         return consoles.size(segment)
-    except VmmgrError:
+    except HostUnreachable:
         return 0
 
 

@@ -478,10 +478,10 @@ class Lab:
             if self._count_vms(h):
                 self.log(f"{h.name} changes site with VMs on it: they write on where they "
                          "were, out of its new site's sight (a real host never changes site)")
+            if pid := self._libvirtd_pid(h):  # first: one that fails is bound at the next `up`
+                _bind_in(pid, folder, self.paths.consoles)
             services.set_consoles_of(h.name, folder)  # for the next start of either
             services.stop_worker(h.name)  # `up` starts it again, seeing the new folder
-            if pid := self._libvirtd_pid(h):
-                _bind_in(pid, folder, self.paths.consoles)
 
     def _site_consoles(self, site: str) -> Path:
         folder = self.root / "sites" / site / "consoles" if site else self.paths.consoles

@@ -80,6 +80,9 @@ class FleetConsoles:
     QEMU made the file: a follower would otherwise rescan the folder at every poll)."""
 
     MISSING_FOR = 1.0  # s
+    # Bytes asked of libvirt at once: its client queues a stream's data as it arrives, however
+    # slowly it is read, so a window bounds what a slow reader holds.
+    WINDOW = 16 * CHUNK
 
     def __init__(self, fleet):
         self.fleet = fleet
@@ -89,7 +92,9 @@ class FleetConsoles:
     def segments(self, vm: str) -> list[Segment]:
         return [Segment(seq, vm, host) for seq, host in self.fleet.state.console_segments(vm)]
 
-    def size(self, segment: Segment) -> int:
+    def size(self, segment: Segment, fresh: bool = False) -> int:
+        if fresh:
+            self._missing.pop(segment.name, None)
         vol = self._volume(segment)
         if vol is None:
             return 0
@@ -103,6 +108,23 @@ class FleetConsoles:
                 return int(vol.infoFlags(libvirt.VIR_STORAGE_VOL_GET_PHYSICAL)[2]) if vol else 0
 
     def chunks(self, segment: Segment, offset: int = 0, limit: int = 0) -> Iterator[bytes]:
+        """Window by window, each one download (`WINDOW`), to the end or `limit`."""
+        left = limit  # 0: no limit
+        while True:
+            want = min(left, self.WINDOW) if limit else self.WINDOW
+            got = 0
+            for data in self._window(segment, offset, want):
+                got += len(data)
+                offset += len(data)
+                yield data
+            if limit:
+                left -= got
+                if left <= 0:
+                    return
+            if got < want:  # its end, as it is now
+                return
+
+    def _window(self, segment: Segment, offset: int, length: int) -> Iterator[bytes]:
         vol = self._volume(segment)
         if vol is None:
             return
@@ -111,7 +133,7 @@ class FleetConsoles:
             with translated(f"the console of {segment.vm}"):
                 stream = conn.newStream(0)
                 try:
-                    vol.download(stream, offset, limit, 0)  # one stream to its end (or limit)
+                    vol.download(stream, offset, length, 0)
                     while data := stream.recv(CHUNK):  # b"": the end (a blocking stream)
                         yield data
                     stream.finish()
@@ -125,28 +147,34 @@ class FleetConsoles:
 
     def _volume(self, segment: Segment) -> libvirt.virStorageVol | None:
         """The segment's volume through the first host that sees its writer's storage and
-        answers; None where that storage has no such file."""
+        answers; None where that storage has no such file. HostUnreachable only when no such
+        host answers; any other failure is said as it is."""
         if segment.name in self._vols:
             return self._vols[segment.name]
         if self._missing.get(segment.name, 0) > time.monotonic():
             return None
-        errors = []
+        silent, failure = [], None
         for host in readers(self.fleet, segment.host):
             try:
                 with translated(f"the console of {segment.vm} on {host}"):
                     pool = ensure_pool(self.fleet.host(host).conn, self.fleet.paths.consoles)
                     vol = _volume(pool, segment.name)
+            except HostUnreachable as err:
+                silent.append(str(err))
+                continue
             except VmmgrError as err:
-                errors.append(str(err))
+                failure = failure or err
                 continue
             if vol is None:
                 self._missing[segment.name] = time.monotonic() + self.MISSING_FOR
             else:
                 self._vols[segment.name] = vol
             return vol
+        if failure is not None:
+            raise failure
         raise HostUnreachable(f"no host that sees {segment.host}'s storage answers: its part "
                               f"of {segment.vm}'s console cannot be read now "
-                              f"({'; '.join(errors) or 'no such host'})")
+                              f"({'; '.join(silent) or 'no such host'})")
 
 
 def readers(fleet, writer: str) -> list[str]:
@@ -164,12 +192,13 @@ def new_segment(fleet, vm: str, host: str) -> Path:
     with translated(f"the consoles folder of {host}"):
         pool = ensure_pool(fleet.host(host).conn, fleet.paths.consoles)
         while True:
-            segment = Segment(fleet.state.console_segment_added(vm, host), vm, host)
+            segment = Segment(fleet.state.next_console_number(vm), vm, host)
             if _volume(pool, segment.name, fresh=True) is None:
-                return fleet.paths.consoles / segment.name
-            # A file by that name already (a count the store lost): never appended to, and
-            # its number forgotten, so it is never read as this VM's either.
-            fleet.state.forget_console_segments(vm, [segment.seq])
+                break
+            # A file by that name already (a count the store lost): never appended to, nor
+            # ever shown as this VM's (recorded only once the name is known to be free).
+    fleet.state.add_console_segment(vm, segment.seq, host)
+    return fleet.paths.consoles / segment.name
 
 
 def current_segment(fleet, vm: str, host: str) -> Path:

@@ -355,14 +355,15 @@ class FleetState:
 
     # ---- console segments (`site_consoles`): numbered here, as sites keep their files apart --
 
-    def console_segment_added(self, vm: str, host: str) -> int:
-        """The next segment number of the VM's console, recorded as `host`'s. The count is
-        never reset (a destroy forgets the segments, not it): a file left on a site that did
-        not answer is never taken up by a new segment of the same name (QEMU appends)."""
-        key = P + "console:" + vm
-        seq = int(self.r.hincrby(key, "next", 1))
-        self.r.hset(key, str(seq), host)
-        return seq
+    def next_console_number(self, vm: str) -> int:
+        """A number for a new segment of the VM's console. The count is never reset (a destroy
+        forgets the segments, not it): a file left on a site that did not answer is never taken
+        up by a new segment of the same name (QEMU appends)."""
+        return int(self.r.hincrby(P + "console:" + vm, "next", 1))
+
+    def add_console_segment(self, vm: str, seq: int, host: str) -> None:
+        """Segment `seq` of the VM's console is `host`'s: readers see it from now on."""
+        self.r.hset(P + "console:" + vm, str(seq), host)
 
     def console_segments(self, vm: str) -> list[tuple[int, str]]:
         """(number, host) of each of the VM's segments, in order."""

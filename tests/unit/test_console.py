@@ -103,9 +103,31 @@ def test_remove_forgets_the_vm_only(tmp_path):
     assert consoles.next_segment("vm", "h").name == "vm@000001-h.log"
 
 
+class Stream:
+    def __init__(self):
+        self.data, self.finished = b"", False
+
+    def recv(self, n):
+        out, self.data = self.data[:n], self.data[n:]
+        return out
+
+    def finish(self):
+        self.finished = True
+
+    def abort(self):
+        pass
+
+
 class Vol:
     def __init__(self, data: bytes):
-        self.data = data
+        self.data, self.downloads = data, []
+
+    def connect(self):
+        return type("C", (), {"newStream": lambda self, flags: Stream()})()
+
+    def download(self, stream, offset, length, flags):
+        self.downloads.append((offset, length))
+        stream.data = self.data[offset:offset + length] if length else self.data[offset:]
 
     def infoFlags(self, flags):
         assert flags == libvirt.VIR_STORAGE_VOL_GET_PHYSICAL
@@ -130,7 +152,7 @@ class Pool:
             err = libvirt.libvirtError("no storage vol")
             err.get_error_code = lambda: libvirt.VIR_ERR_NO_STORAGE_VOL
             raise err
-        return Vol(self.files[name])
+        return self.files[name]
 
 
 class Site:
@@ -155,7 +177,7 @@ class Site:
 
 def test_a_segment_is_read_through_its_writer_or_another_host_of_its_site():
     fleet = Site({"a1": "east", "a2": "east", "b1": "west"},
-                 {"east": {"vm@000001-a1.log": b"x" * 10}, "west": {}})
+                 {"east": {"vm@000001-a1.log": Vol(b"x" * 10)}, "west": {}})
     assert site_consoles.readers(fleet, "a1") == ["a1", "a2"]
     assert site_consoles.readers(fleet, "b1") == ["b1"]  # never through another site's host
     first = Segment(1, "vm", "a1")
@@ -166,6 +188,21 @@ def test_a_segment_is_read_through_its_writer_or_another_host_of_its_site():
         site_consoles.FleetConsoles(fleet).size(first)
 
 
+def test_a_segment_is_read_a_window_at_a_time(monkeypatch):
+    """libvirt's client queues what a download sends however slowly it is read: each download
+    asks for a window, not the rest of the file."""
+    data = bytes(range(256)) * 1000
+    vol = Vol(data)
+    fleet = Site({"a1": ""}, {"": {"vm@000001-a1.log": vol}})
+    consoles = site_consoles.FleetConsoles(fleet)
+    monkeypatch.setattr(consoles, "WINDOW", 100_000)
+    first = Segment(1, "vm", "a1")
+    assert b"".join(consoles.chunks(first)) == data
+    assert vol.downloads == [(0, 100_000), (100_000, 100_000), (200_000, 100_000)]
+    assert b"".join(consoles.chunks(first, 255_990, limit=5)) == data[255_990:255_995]
+    assert b"".join(consoles.chunks(first, len(data))) == b""
+
+
 def test_a_missing_segment_is_not_looked_for_again_at_once():
     """A move aborted before its QEMU made the file: a follower must not rescan the folder at
     every poll."""
@@ -174,6 +211,9 @@ def test_a_missing_segment_is_not_looked_for_again_at_once():
     aborted = Segment(2, "vm", "a1")
     assert consoles.size(aborted) == 0 and consoles.size(aborted) == 0
     assert fleet.pools["a1"].refreshes == 1
+    fleet.pools["a1"].files[aborted.name] = Vol(b"late")  # its QEMU made it after all
+    assert consoles.size(aborted) == 0  # as remembered ...
+    assert consoles.size(aborted, fresh=True) == 4  # ... until looked at again
 
 
 def test_a_fleet_of_one_site_reads_any_segment_through_any_host():
@@ -186,7 +226,7 @@ class Unreachable(LocalConsoles):
     """Local consoles whose host2 segments cannot be read until `back` is set."""
     back = False
 
-    def size(self, segment):
+    def size(self, segment, fresh=False):
         self._check(segment)
         return super().size(segment)
 
@@ -228,3 +268,51 @@ def test_follow_waits_for_a_segment_it_cannot_read_and_never_skips_it(tmp_path):
     done.set()
     t.join(2)
     assert b"".join(got) == b"a\nb\nc\n"
+
+
+class Remembering(LocalConsoles):
+    """Local consoles that remember a segment found empty until asked `fresh`, as
+    FleetConsoles remembers a missing file for a second."""
+
+    def __init__(self, folder):
+        super().__init__(folder)
+        self.empty = set()
+
+    def size(self, segment, fresh=False):
+        if segment in self.empty and not fresh:
+            return 0
+        size = super().size(segment)
+        if not size:
+            self.empty.add(segment)
+        else:
+            self.empty.discard(segment)
+        return size
+
+
+def test_follow_never_skips_a_segment_remembered_empty_that_filled(tmp_path):
+    consoles = Remembering(tmp_path)
+    write(consoles.next_segment("vm", "host1"), "a\n")
+    second = consoles.next_segment("vm", "host2")
+    consoles.size(console.parse(second.name))  # looked at before its QEMU wrote: remembered empty
+    write(second, "b\n")
+    write(consoles.next_segment("vm", "host3"), "c\n")  # two quick moves
+    got = b"".join(console.follow(consoles, "vm", poll=0.01, stop=lambda: True))
+    assert got == b"a\nb\nc\n"
+
+
+def test_follow_goes_on_after_a_segment_forgotten_under_it(tmp_path):
+    """The VM destroyed and made again under its name while followed: its old segments are
+    forgotten, and the follower goes on with the first after the one it read."""
+    consoles = LocalConsoles(tmp_path)
+    write(consoles.next_segment("vm", "host1"), "old\n")
+    got, done = [], threading.Event()
+    t = threading.Thread(target=lambda: got.extend(
+        console.follow(consoles, "vm", poll=0.01, stop=done.is_set)))
+    t.start()
+    time.sleep(0.05)
+    consoles.path(Segment(1, "vm", "host1")).unlink()
+    write(consoles.path(Segment(2, "vm", "host2")), "new\n")
+    time.sleep(0.1)
+    done.set()
+    t.join(2)
+    assert b"".join(got) == b"old\nnew\n"
