@@ -5,6 +5,9 @@ the fleet's store. The lab's storage is still shared by every site (see the READ
 training demo's test in test_images.py."""
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -80,6 +83,24 @@ def test_moves_stay_in_their_site_and_cross_the_wan_only_when_it_is_full(lab, ma
         printed = cli("vm", "console", "mover", check_code=0).stdout.replace("\r", "")
         assert_contiguous([int(line.split()[1]) for line in printed.split("\n")[:-1]
                            if line.startswith("tick ")])
+        # A site none of whose hosts answers: the rest is printed, the missing part named on
+        # stderr, exit 5 (host3's libvirtd killed, its QEMU running on; systemd restarts it).
+        from .test_faults import faults
+
+        ticks_before = [int(line.split()[1]) for line in printed.split("\n")[:-1]
+                        if line.startswith("tick ")]
+        os.kill(faults.Lab3(lab, paths).libvirtd_pid("host3"), signal.SIGKILL)
+        try:
+            proc = cli("vm", "console", "mover")
+            assert proc.returncode == 5, proc.stderr
+            assert re.search(r"what mover wrote on host3 \(segment \d+\) cannot be read now",
+                             proc.stderr), proc.stderr
+            part = [int(line.split()[1]) for line in proc.stdout.replace("\r", "").split("\n")
+                    if line.startswith("tick ")]
+            assert part and part == ticks_before[:len(part)] and len(part) < len(ticks_before)
+        finally:
+            lab.restart_libvirtd("host3")
+        assert where_defined(fleet, "mover") == ["host3"]
         # A destroy removes it on both sites, through their hosts.
         cli("vm", "destroy", "mover", check_code=0)
         assert not [p for f in folders.values() for p in f.glob("mover@*")]
