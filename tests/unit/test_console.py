@@ -1,3 +1,4 @@
+import contextlib
 import threading
 import time
 
@@ -12,6 +13,20 @@ from vmmgr.errors import HostUnreachable
 def write(path, text):
     with path.open("ab") as f:
         f.write(text.encode())
+
+
+@contextlib.contextmanager
+def following(consoles):
+    """A follower of vm's console in a thread for the block: what it has yielded so far."""
+    got, done = [], threading.Event()
+    t = threading.Thread(target=lambda: got.extend(
+        console.follow(consoles, "vm", poll=0.01, stop=done.is_set)))
+    t.start()
+    try:
+        yield got
+    finally:
+        done.set()
+        t.join(2)
 
 
 def test_segments_are_numbered_in_order_and_joined(tmp_path):
@@ -65,23 +80,14 @@ def test_follow_switches_hosts_without_losing_the_sources_last_bytes(tmp_path):
     consoles = LocalConsoles(tmp_path)
     seg1 = consoles.next_segment("vm", "host1")
     write(seg1, "tick 0\n")
-    got, done = [], threading.Event()
-
-    def reader():
-        for chunk in console.follow(consoles, "vm", poll=0.01, stop=done.is_set):
-            got.append(chunk)
-
-    t = threading.Thread(target=reader)
-    t.start()
-    time.sleep(0.05)
-    write(seg1, "tick 1\n")  # the source's last tick ...
-    seg2 = consoles.next_segment("vm", "host2")
-    write(seg2, "tick 2\n")  # ... then the destination's first
-    time.sleep(0.05)
-    write(seg2, "tick 3\n")
-    time.sleep(0.05)
-    done.set()
-    t.join(2)
+    with following(consoles) as got:
+        time.sleep(0.05)
+        write(seg1, "tick 1\n")  # the source's last tick ...
+        seg2 = consoles.next_segment("vm", "host2")
+        write(seg2, "tick 2\n")  # ... then the destination's first
+        time.sleep(0.05)
+        write(seg2, "tick 3\n")
+        time.sleep(0.05)
     assert b"".join(got) == b"tick 0\ntick 1\ntick 2\ntick 3\n"
 
 
@@ -257,16 +263,11 @@ def test_follow_waits_for_a_segment_it_cannot_read_and_never_skips_it(tmp_path):
     write(consoles.next_segment("vm", "host1"), "a\n")
     write(consoles.next_segment("vm", "host2"), "b\n")
     write(consoles.next_segment("vm", "host3"), "c\n")
-    got, done = [], threading.Event()
-    t = threading.Thread(target=lambda: got.extend(
-        console.follow(consoles, "vm", poll=0.01, stop=done.is_set)))
-    t.start()
-    time.sleep(0.1)
-    assert b"".join(got) == b"a\n"  # host2's part first: host3's waits for it
-    consoles.back = True
-    time.sleep(0.1)
-    done.set()
-    t.join(2)
+    with following(consoles) as got:
+        time.sleep(0.1)
+        assert b"".join(got) == b"a\n"  # host2's part first: host3's waits for it
+        consoles.back = True
+        time.sleep(0.1)
     assert b"".join(got) == b"a\nb\nc\n"
 
 
@@ -305,14 +306,9 @@ def test_follow_goes_on_after_a_segment_forgotten_under_it(tmp_path):
     forgotten, and the follower goes on with the first after the one it read."""
     consoles = LocalConsoles(tmp_path)
     write(consoles.next_segment("vm", "host1"), "old\n")
-    got, done = [], threading.Event()
-    t = threading.Thread(target=lambda: got.extend(
-        console.follow(consoles, "vm", poll=0.01, stop=done.is_set)))
-    t.start()
-    time.sleep(0.05)
-    consoles.path(Segment(1, "vm", "host1")).unlink()
-    write(consoles.path(Segment(2, "vm", "host2")), "new\n")
-    time.sleep(0.1)
-    done.set()
-    t.join(2)
+    with following(consoles) as got:
+        time.sleep(0.05)
+        consoles.path(Segment(1, "vm", "host1")).unlink()
+        write(consoles.path(Segment(2, "vm", "host2")), "new\n")
+        time.sleep(0.1)
     assert b"".join(got) == b"old\nnew\n"
