@@ -86,17 +86,31 @@ def copy_xml(vm: str, size: int) -> str:
 
 def ensure_pool(conn: libvirt.virConnect) -> libvirt.virStoragePool:
     """The host's pool, defined, built and started on first use (and started on every boot)."""
-    with translated("the host's disk pool"):
+    return ensure_dir_pool(conn, POOL, pool_xml(), "the host's disk pool")
+
+
+def ensure_dir_pool(conn: libvirt.virConnect, name: str, xml: str,
+                    what: str) -> libvirt.virStoragePool:
+    """A host's `dir` pool `name`, defined (`xml`), built (its folder, and any missing above
+    it; one that exists is kept) and started on first use, and on every boot. Two first uses
+    at once: the second finds the first's."""
+    with translated(what):
         try:
-            pool = conn.storagePoolLookupByName(POOL)
+            pool = conn.storagePoolLookupByName(name)
         except libvirt.libvirtError as err:
             if err.get_error_code() != libvirt.VIR_ERR_NO_STORAGE_POOL:
                 raise
-            pool = conn.storagePoolDefineXML(pool_xml(), 0)
+            try:
+                pool = conn.storagePoolDefineXML(xml, 0)
+            except libvirt.libvirtError:
+                pool = conn.storagePoolLookupByName(name)  # defined meanwhile, or raise
             pool.build(0)
             pool.setAutostart(1)
         if not pool.isActive():
-            pool.create(0)
+            with contextlib.suppress(libvirt.libvirtError):
+                pool.create(0)
+            if not pool.isActive():  # not started by someone else meanwhile either
+                pool.create(0)
         return pool
 
 
@@ -196,14 +210,18 @@ def remove(conn: libvirt.virConnect, vm: str) -> bool:
     return True
 
 
-def chunks_of(conn: libvirt.virConnect, vol: libvirt.virStorageVol) -> Iterator[bytes]:
-    """The volume's bytes, from the start (length 0: to its end)."""
-    with translated("reading a local disk"):
+def chunks_of(conn: libvirt.virConnect, vol: libvirt.virStorageVol, offset: int = 0,
+              length: int = 0, what: str = "reading a local disk",
+              chunk: int = 0) -> Iterator[bytes]:
+    """The volume's bytes from `offset`, `length` of them (0: to its end), `chunk` (default
+    CHUNK) at a time."""
+    chunk = chunk or CHUNK
+    with translated(what):
         stream = conn.newStream(0)
         try:
-            vol.download(stream, 0, 0, 0)
+            vol.download(stream, offset, length, 0)
             while True:
-                data = stream.recv(CHUNK)
+                data = stream.recv(chunk)
                 if data == b"":  # the end (a blocking stream never says -2, "try again")
                     break
                 yield data

@@ -10,7 +10,6 @@ readers share it, and nothing here goes through this process's file system, so t
 web console need no storage of their own.
 """
 
-import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,26 +31,8 @@ def pool_xml(folder: Path) -> str:
 
 
 def ensure_pool(conn: libvirt.virConnect, folder: Path) -> libvirt.virStoragePool:
-    """The host's consoles pool, defined, built (the folder, if its storage lacks it) and
-    started on first use. Two first uses at once: the second finds the first's."""
-    with translated("the host's consoles folder"):
-        try:
-            pool = conn.storagePoolLookupByName(POOL)
-        except libvirt.libvirtError as err:
-            if err.get_error_code() != libvirt.VIR_ERR_NO_STORAGE_POOL:
-                raise
-            try:
-                pool = conn.storagePoolDefineXML(pool_xml(folder), 0)
-            except libvirt.libvirtError:
-                pool = conn.storagePoolLookupByName(POOL)  # defined meanwhile, or raise
-            pool.build(0)  # the folder (and any missing above it); one that exists is kept
-            pool.setAutostart(1)
-        if not pool.isActive():
-            with contextlib.suppress(libvirt.libvirtError):
-                pool.create(0)
-            if not pool.isActive():  # not started by someone else meanwhile either
-                pool.create(0)
-        return pool
+    """The host's consoles pool over `folder` (made if its storage lacks it)."""
+    return local_disks.ensure_dir_pool(conn, POOL, pool_xml(folder), "the host's consoles folder")
 
 
 def _volume(pool: libvirt.virStoragePool, name: str, fresh: bool = False
@@ -128,19 +109,9 @@ class FleetConsoles:
         vol = self._volume(segment)
         if vol is None:
             return
-        conn = vol.connect()
         try:
-            with translated(f"the console of {segment.vm}"):
-                stream = conn.newStream(0)
-                try:
-                    vol.download(stream, offset, length, 0)
-                    while data := stream.recv(CHUNK):  # b"": the end (a blocking stream)
-                        yield data
-                    stream.finish()
-                except BaseException:
-                    with contextlib.suppress(libvirt.libvirtError):
-                        stream.abort()
-                    raise
+            yield from local_disks.chunks_of(vol.connect(), vol, offset, length,
+                                             f"the console of {segment.vm}", CHUNK)
         except VmmgrError:
             self._vols.pop(segment.name, None)
             raise
