@@ -13,6 +13,25 @@ def pytest_addoption(parser):
                      help="rewrite tests/golden/* from the current templates (then review the diff)")
 
 
+_config = []
+
+
+def pytest_configure(config):
+    _config.append(config)
+
+
+def pytest_runtest_logreport(report):
+    """A failure is printed when it happens, not only in the closing summary: a later test that
+    hits its time limit ends the whole run (the thread method exits) before any summary."""
+    terminal = _config[0].pluginmanager.get_plugin("terminalreporter") if _config else None
+    if report.failed and terminal is not None:
+        terminal.write_line(f"\n{report.nodeid} ({report.when}) FAILED:")
+        terminal.write_line(report.longreprtext[-6000:])
+        for section, content in report.sections:
+            if "stdout" in section:
+                terminal.write_line(f"--- {section} (its end) ---\n{content[-3000:]}")
+
+
 @pytest.fixture
 def regen_golden(request) -> bool:
     return request.config.getoption("--regen-golden") or os.environ.get("VMMGR_REGEN_GOLDEN") == "1"

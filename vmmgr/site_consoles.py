@@ -106,15 +106,23 @@ class FleetConsoles:
                 return
 
     def _window(self, segment: Segment, offset: int, length: int) -> Iterator[bytes]:
+        cached = segment.name in self._vols
         vol = self._volume(segment)
         if vol is None:
             return
+        got = 0
         try:
-            yield from local_disks.chunks_of(vol.connect(), vol, offset, length,
-                                             f"the console of {segment.vm}", CHUNK)
+            for data in local_disks.chunks_of(vol.connect(), vol, offset, length,
+                                              f"the console of {segment.vm}", CHUNK):
+                got += len(data)
+                yield data
         except VmmgrError:
             self._vols.pop(segment.name, None)
-            raise
+            if not cached or got:
+                raise
+            # A handle kept from a connection that broke since (its libvirtd restarted, the
+            # file removed): looked up once more, through whichever host answers now.
+            yield from self._window(segment, offset, length)
 
     def _volume(self, segment: Segment) -> libvirt.virStorageVol | None:
         """The segment's volume through the first host that sees its writer's storage and

@@ -19,6 +19,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from vmmgr import local_disks, os_images, suspend
 from vmmgr.addresses import pool_for
 
@@ -52,6 +54,9 @@ def settled(c, fleet) -> None:
                 300, "what the killed worker left was not settled")
 
 
+# One Debian guest through every path in turn (each fault needs the state the last one left):
+# about 11 minutes under TCG, more than the suite's default 600 s per test on a slow day.
+@pytest.mark.timeout(1500)
 def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian, tmp_path):
     c = faults.Lab3(lab, paths)
     key = tmp_path / "id_ed25519"

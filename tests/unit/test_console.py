@@ -7,7 +7,7 @@ import pytest
 
 from vmmgr import console, site_consoles
 from vmmgr.console import LocalConsoles, Segment
-from vmmgr.errors import HostUnreachable
+from vmmgr.errors import HostUnreachable, VmmgrError
 
 
 def write(path, text):
@@ -207,6 +207,28 @@ def test_a_segment_is_read_a_window_at_a_time(monkeypatch):
     assert vol.downloads == [(0, 100_000), (100_000, 100_000), (200_000, 100_000)]
     assert b"".join(consoles.chunks(first, 255_990, limit=5)) == data[255_990:255_995]
     assert b"".join(consoles.chunks(first, len(data))) == b""
+
+
+class Broken(Vol):
+    """A volume handle kept from a connection that broke since (its libvirtd restarted)."""
+
+    def connect(self):
+        def new_stream(_, flags):
+            raise libvirt.libvirtError("internal error: client socket is closed")
+        return type("C", (), {"newStream": new_stream})()
+
+
+def test_a_kept_handle_whose_connection_broke_is_looked_up_again():
+    fleet = Site({"a1": ""}, {"": {"vm@000001-a1.log": Vol(b"first")}})
+    consoles, first = site_consoles.FleetConsoles(fleet), Segment(1, "vm", "a1")
+    assert b"".join(consoles.chunks(first)) == b"first"
+    consoles._vols[first.name] = Broken(b"")  # its host's libvirtd restarted meanwhile
+    fleet.pools["a1"].files[first.name] = Vol(b"first, then more")
+    assert b"".join(consoles.chunks(first)) == b"first, then more"
+    fleet.pools["a1"].files[first.name] = Broken(b"")  # broken on a fresh lookup too: said
+    consoles._vols.clear()
+    with pytest.raises(VmmgrError, match="client socket is closed"):
+        b"".join(consoles.chunks(first))
 
 
 def test_a_missing_segment_is_not_looked_for_again_at_once():
