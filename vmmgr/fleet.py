@@ -286,6 +286,7 @@ class Fleet:
             except VmmgrError:
                 if pool is not None:
                     pool.release(spec.name)
+                site_consoles.drop_if_empty(self, spec.name, path)
                 for made in self.vm_files(spec.name):
                     made.unlink(missing_ok=True)
                 if spec.local_disk:
@@ -332,9 +333,13 @@ class Fleet:
         definition = guest.xml(migratable=True, inactive=True)
         local = local_disks.local_disks(definition)
         if local:  # its disk on its host's own storage goes with it, checked on arrival
-            _, base = local_disks.overlay_of(guest.connection(), vm)
-            site_images.ensure(self, target, base, [guest.host_name])  # a site without it
-            local_disks.copy(guest.connection(), host.conn, vm)
+            try:
+                _, base = local_disks.overlay_of(guest.connection(), vm)
+                site_images.ensure(self, target, base, [guest.host_name])  # a site without it
+                local_disks.copy(guest.connection(), host.conn, vm)
+            except Exception:
+                site_consoles.drop_if_empty(self, vm, segment)  # nothing was defined there
+                raise
         moved = host.define(set_console_path(definition, segment))
         guest.undefine()
         if local:

@@ -856,14 +856,23 @@ class _Migration:
             return self._event(f"could not apply {type(action).__name__}: {_words(err)}")
         return None
 
+    def _not_on_destination(self) -> bool:
+        """Whether the target surely runs no copy of the VM: a failure the source reported may
+        still have left it running there (its segment is then its console, however empty)."""
+        try:
+            found = self.dest.find_guest(self.guest.name)
+            return found is None or not found.is_active()
+        except VmmgrError:
+            return False
+
     def _event(self, text: str) -> str:
         self.events.append(text)
         return text
 
     def _fail(self, error: Exception, segment) -> None:
         in_postcopy = self._in_postcopy()
-        if not in_postcopy:  # the destination's QEMU is gone; in post-copy it writes there still
-            _drop_if_empty(segment)
+        if not in_postcopy and self._not_on_destination():  # in post-copy it writes there still
+            site_consoles.drop_if_empty(self.fleet, self.guest.name, segment)
         if self.paused and _is_active(self.guest) and self.guest.state() == "paused":
             self.guest.resume()  # a pause we ordered must not outlive the attempt
         where = "still running on" if _is_active(self.guest) else "NOT running on"
@@ -900,10 +909,3 @@ def _is_active(guest: Guest) -> bool:
     except VmmgrError:
         return False
 
-
-def _drop_if_empty(segment) -> None:
-    try:
-        if segment.stat().st_size == 0:
-            segment.unlink()
-    except FileNotFoundError:
-        pass

@@ -18,7 +18,7 @@ from xml.sax.saxutils import escape
 import libvirt
 
 from . import local_disks
-from .console import CHUNK, Segment
+from .console import CHUNK, Segment, parse
 from .errors import HostUnreachable, VmmgrError
 from .libvirt_errors import translated
 
@@ -187,6 +187,27 @@ def current_segment(fleet, vm: str, host: str) -> Path:
     if mine:
         return fleet.paths.consoles / Segment(mine[-1], vm, host).name
     return new_segment(fleet, vm, host)
+
+
+def drop_if_empty(fleet, vm: str, path: Path) -> None:
+    """A move that failed before its guest ran on the target leaves the segment it made there:
+    its file is removed if it holds nothing, and its number forgotten. One that holds output,
+    or that no host of its site can tell about now, stays (readers pass an empty segment).
+    Best effort, for a failure's own handling: it never raises."""
+    segment = parse(path.name)
+    if segment is None or segment.vm != vm:
+        return
+    consoles = FleetConsoles(fleet)
+    try:
+        vol = consoles._volume(segment)
+        if vol is not None:
+            if consoles.size(segment) > 0:
+                return
+            with translated(f"the console of {vm}"):
+                vol.delete(0)
+        fleet.state.forget_console_segments(vm, [segment.seq])
+    except Exception:  # noqa: BLE001 - the move's own error is what its caller reports
+        return
 
 
 def remove(fleet, vm: str) -> bool:

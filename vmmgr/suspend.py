@@ -325,6 +325,7 @@ def _resume(fleet: Fleet, vm: str, host: str | None) -> Resumed:
             load_local_disk(fleet, d, target, record.from_host)
         except Exception:
             _unclaim(d)  # its kept disk stays on storage, the VM stays suspended
+            site_consoles.drop_if_empty(fleet, vm, segment)
             raise
         if record.mode == "guest":
             return _boot_from_hibernation(fleet, record, target, segment)
@@ -344,6 +345,7 @@ def _resume(fleet: Fleet, vm: str, host: str | None) -> Resumed:
         except VmmgrError:
             _drop_loaded_disk(d, target)
             _unclaim(d)  # nothing runs: the image stays, the VM stays suspended
+            site_consoles.drop_if_empty(fleet, vm, segment)
             raise
         # It runs on the target from here: whatever fails now is finished forward (`recover`),
         # never undone, or the image could be restored a second time.

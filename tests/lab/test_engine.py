@@ -120,6 +120,9 @@ def test_cancel_in_mid_migration_leaves_the_vm_on_the_source(make_vm, fleet, pat
     wait_ticks(paths, "cancelme", len(ticks(paths, "cancelme")) + 5)
     assert_contiguous(ticks(paths, "cancelme"))
     assert console.hosts_seen(consoles(paths), "cancelme") == ["host1"]
+    # The segment made for host3's QEMU is gone with it: from the store and from storage.
+    assert [s.host for s in consoles(paths).segments("cancelme")] == ["host1"]
+    assert not list(paths.consoles.glob("cancelme@*-host3.log"))
     # Nothing to cancel now: a clear refusal.
     proc = cli("migrate", "cancel", "cancelme")
     assert proc.returncode == 4 and "no migration in progress" in proc.stderr

@@ -21,10 +21,10 @@ import time
 
 import pytest
 
-from vmmgr import local_disks, os_images, suspend
+from vmmgr import local_disks, os_images, site_consoles, suspend
 from vmmgr.addresses import pool_for
 
-from .conftest import cli
+from .conftest import cli, consoles
 from .test_faults import faults
 from .test_images import _boot_id, _ssh, _wait_console, debian  # noqa: F401 (its fixture)
 
@@ -108,6 +108,11 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         cli("migrate", "cancel", "local1", check_code=0)
         faults.wait(lambda: c.task_state(task) == "FAILURE", 60, "the migration never ended")
         assert where(fleet, "local1") == ["host2"] and holders(fleet, "local1") == ["host2"]
+        # nor the console segment made for host3's QEMU (on host3's site)
+        assert [s.host for s in consoles(paths).segments("local1")] == ["host1", "host2"]
+        on_host3 = site_consoles.ensure_pool(fleet.host("host3").conn, paths.consoles)
+        on_host3.refresh(0)
+        assert not [n for n in on_host3.listVolumes() if n.startswith("local1@")]
         assert fleet.locate("local1").state() == "running"
         assert data_sum() == written
 

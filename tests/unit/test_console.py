@@ -1,6 +1,7 @@
 import contextlib
 import threading
 import time
+from pathlib import Path
 
 import libvirt
 import pytest
@@ -142,6 +143,9 @@ class Vol:
     def info(self):
         return [0, 1 << 40, len(self.data)]
 
+    def delete(self, flags):
+        self.deleted = True
+
 
 class Pool:
     def __init__(self, files):
@@ -229,6 +233,35 @@ def test_a_kept_handle_whose_connection_broke_is_looked_up_again():
     consoles._vols.clear()
     with pytest.raises(VmmgrError, match="client socket is closed"):
         b"".join(consoles.chunks(first))
+
+
+class Forgetting:
+    def __init__(self):
+        self.forgotten = []
+
+    def forget_console_segments(self, vm, seqs):
+        self.forgotten += [(vm, s) for s in seqs]
+
+
+def test_a_failed_moves_segment_goes_only_when_it_surely_holds_nothing():
+    """What a move that failed before its guest ran there made on the target: an empty file is
+    removed and its number forgotten; output, or a site that cannot tell, stays."""
+    empty, written = Vol(b""), Vol(b"booting")
+    fleet = Site({"a1": "east", "b1": "west"},
+                 {"east": {"vm@000002-a1.log": empty, "vm@000003-a1.log": written},
+                  "west": {}})
+    fleet.state = Forgetting()
+    drop = site_consoles.drop_if_empty
+    drop(fleet, "vm", Path("/storage/consoles/vm@000002-a1.log"))
+    assert getattr(empty, "deleted", False) and fleet.state.forgotten == [("vm", 2)]
+    drop(fleet, "vm", Path("/storage/consoles/vm@000003-a1.log"))
+    assert not getattr(written, "deleted", False) and ("vm", 3) not in fleet.state.forgotten
+    drop(fleet, "vm", Path("/storage/consoles/vm@000004-b1.log"))  # its QEMU never made it
+    assert ("vm", 4) in fleet.state.forgotten
+    fleet.silent = {"b1"}
+    drop(fleet, "vm", Path("/storage/consoles/vm@000005-b1.log"))  # no one to ask: kept
+    drop(fleet, "other", Path("/storage/consoles/vm@000006-b1.log"))  # not this VM's
+    assert fleet.state.forgotten == [("vm", 2), ("vm", 4)]
 
 
 def test_a_missing_segment_is_not_looked_for_again_at_once():

@@ -300,15 +300,50 @@ def test_any_exception_in_libvirts_migration_call_is_a_failure_not_a_success(tmp
     guest.job_stats.return_value = {"type": 0}
     fleet = mocker.Mock()
     fleet.state.cancel_asked.return_value = False
-    mocker.patch("vmmgr.site_consoles.new_segment", return_value=tmp_path / "vm1@000002-h2.log")
+    segment = tmp_path / "vm1@000002-h2.log"
+    mocker.patch("vmmgr.site_consoles.new_segment", return_value=segment)
+    dropped = mocker.patch("vmmgr.site_consoles.drop_if_empty")
     fleet.host.return_value.record.tls = True
     fleet.host.return_value.uri = "qemu+tls://10.0.0.2/system"
+    fleet.host.return_value.find_guest.return_value = None  # the target holds no copy
     migration = _Migration(fleet, guest, "h2", get_policy(None), None, 0.01,
                            mocker.Mock(lost=False))
     with pytest.raises(MigrationFailed, match="OverflowError.*still running on h1"):
         migration.run()
     fleet.route_address.assert_not_called()
-    fleet.host.return_value.find_guest.assert_not_called()  # never looked for as arrived
+    dropped.assert_called_once_with(fleet, "vm1", segment)  # the failure's path, to its end
+
+
+def test_a_failed_moves_segment_stays_while_the_target_may_run_the_vm(tmp_path, mocker):
+    """The source's call failed, but the target runs the VM (the failure came after its
+    switch-over, or the target cannot say): the segment there is its console from now on."""
+    from vmmgr.errors import HostUnreachable, MigrationFailed
+    from vmmgr.migration import _Migration
+    from vmmgr.policy import get_policy
+
+    guest = mocker.Mock(host_name="h1")
+    guest.name = "vm1"
+    guest.xml.return_value = DOMAIN
+    guest.migrate_to.side_effect = OverflowError("late")
+    guest.is_active.return_value = True
+    guest.state.return_value = "running"
+    guest.job_stats.return_value = {"type": 0}
+    fleet = mocker.Mock()
+    fleet.state.cancel_asked.return_value = False
+    mocker.patch("vmmgr.site_consoles.new_segment", return_value=tmp_path / "vm1@000002-h2.log")
+    dropped = mocker.patch("vmmgr.site_consoles.drop_if_empty")
+    fleet.host.return_value.record.tls = True
+    fleet.host.return_value.uri = "qemu+tls://10.0.0.2/system"
+    for there in (mocker.Mock(**{"is_active.return_value": True}),
+                  HostUnreachable("h2 does not answer")):
+        fleet.host.return_value.find_guest.side_effect = [there] if isinstance(
+            there, Exception) else None
+        fleet.host.return_value.find_guest.return_value = there
+        migration = _Migration(fleet, guest, "h2", get_policy(None), None, 0.01,
+                               mocker.Mock(lost=False))
+        with pytest.raises(MigrationFailed):
+            migration.run()
+    dropped.assert_not_called()
 
 
 def test_a_bandwidth_libvirt_cannot_take_is_refused_before_anything_starts():
