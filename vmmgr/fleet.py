@@ -263,6 +263,7 @@ class Fleet:
                 spec = replace(spec, address=pool.allocate(spec.name), gateway=config.gateway)
             site_consoles.remove(self, spec.name)  # a VM of that name's, destroyed before
             path = site_consoles.new_segment(self, spec.name, host_name)
+            defined = False
             try:
                 lease.check()
                 if spec.image:
@@ -271,12 +272,14 @@ class Fleet:
                         spec = self._make_system_disk(spec, host)
                 xml = domain_xml(spec, accel=host.accel, console_path=path)
                 guest = host.define(devices.assign(xml, held, host_name) if held else xml)
+                defined = True
                 try:
                     guest.start()
                 except HostUnreachable:
                     raise
                 except VmmgrError:
                     guest.undefine()
+                    defined = False
                     raise
             except HostUnreachable:
                 # The host may have defined (even started) it before its answer was lost:
@@ -286,7 +289,8 @@ class Fleet:
             except VmmgrError:
                 if pool is not None:
                     pool.release(spec.name)
-                site_consoles.drop_if_empty(self, spec.name, path)
+                if not defined:  # a definition left would write there once started
+                    site_consoles.drop_if_empty(self, spec.name, path)
                 for made in self.vm_files(spec.name):
                     made.unlink(missing_ok=True)
                 if spec.local_disk:
@@ -332,15 +336,17 @@ class Fleet:
         segment = site_consoles.new_segment(self, vm, target)
         definition = guest.xml(migratable=True, inactive=True)
         local = local_disks.local_disks(definition)
-        if local:  # its disk on its host's own storage goes with it, checked on arrival
-            try:
+        try:
+            if local:  # its disk on its host's own storage goes with it, checked on arrival
                 _, base = local_disks.overlay_of(guest.connection(), vm)
                 site_images.ensure(self, target, base, [guest.host_name])  # a site without it
                 local_disks.copy(guest.connection(), host.conn, vm)
-            except Exception:
-                site_consoles.drop_if_empty(self, vm, segment)  # nothing was defined there
-                raise
-        moved = host.define(set_console_path(definition, segment))
+            moved = host.define(set_console_path(definition, segment))
+        except HostUnreachable:
+            raise  # it may be defined there, its answer lost: the segment is its console
+        except Exception:
+            site_consoles.drop_if_empty(self, vm, segment)  # nothing was defined there
+            raise
         guest.undefine()
         if local:
             local_disks.remove(guest.connection(), vm)

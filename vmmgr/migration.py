@@ -13,6 +13,7 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import libvirt
@@ -385,7 +386,11 @@ class _Migration:
             self._apply(action)
         started_at, t0 = time.time(), time.monotonic()
         if self.disks:
-            self._lay_target_disk()
+            try:
+                self._lay_target_disk()
+            except BaseException:  # refused or cancelled before the target's QEMU started
+                site_consoles.drop_if_empty(self.fleet, guest.name, segment)
+                raise
         watches = self._follow_switchover(address) if address else []
         try:
             try:  # a cancel asked before the job had begun ends the move as one of the job would
@@ -856,12 +861,18 @@ class _Migration:
             return self._event(f"could not apply {type(action).__name__}: {_words(err)}")
         return None
 
-    def _not_on_destination(self) -> bool:
-        """Whether the target surely runs no copy of the VM: a failure the source reported may
-        still have left it running there (its segment is then its console, however empty)."""
+    def _ended_on_source(self, segment) -> bool:
+        """Whether the move surely ended with no copy that will ever write `segment`: the source
+        runs the VM with no migration job (a call that failed on our side of the connection
+        does not stop a peer-to-peer migration), and the target holds no definition that
+        points at the segment (libvirt keeps the one it persisted before a late failure: it
+        could be started later). What cannot be told keeps the segment."""
         try:
+            if not self.guest.is_active() or self.guest.job_stats().get(
+                    "type", libvirt.VIR_DOMAIN_JOB_NONE) != libvirt.VIR_DOMAIN_JOB_NONE:
+                return False
             found = self.dest.find_guest(self.guest.name)
-            return found is None or not found.is_active()
+            return found is None or found.console_path() != Path(segment)
         except VmmgrError:
             return False
 
@@ -871,10 +882,10 @@ class _Migration:
 
     def _fail(self, error: Exception, segment) -> None:
         in_postcopy = self._in_postcopy()
-        if not in_postcopy and self._not_on_destination():  # in post-copy it writes there still
-            site_consoles.drop_if_empty(self.fleet, self.guest.name, segment)
         if self.paused and _is_active(self.guest) and self.guest.state() == "paused":
             self.guest.resume()  # a pause we ordered must not outlive the attempt
+        if not in_postcopy and self._ended_on_source(segment):  # in post-copy it writes there
+            site_consoles.drop_if_empty(self.fleet, self.guest.name, segment)
         where = "still running on" if _is_active(self.guest) else "NOT running on"
         what = f"migration of {self.guest.name} from {self.source} to {self.target}"
         tail = f"the VM is {where} {self.source}"

@@ -164,6 +164,8 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         assert "cancelled while host3 received its base image" in said["message"], said
         assert on_host3() == "" and holders(fleet, "local1") == ["host2"]
         assert where(fleet, "local1") == ["host2"]
+        # this move and the refused one took back the console segments they had numbered
+        assert [s.host for s in consoles(paths).segments("local1")] == ["host1", "host2"]
 
         # The links to host3 cut while the image is sent: the move fails (the VM runs on),
         # and what arrived cannot be taken back then; the reconcile's sweep removes it once

@@ -229,10 +229,39 @@ def test_a_kept_handle_whose_connection_broke_is_looked_up_again():
     consoles._vols[first.name] = Broken(b"")  # its host's libvirtd restarted meanwhile
     fleet.pools["a1"].files[first.name] = Vol(b"first, then more")
     assert b"".join(consoles.chunks(first)) == b"first, then more"
-    fleet.pools["a1"].files[first.name] = Broken(b"")  # broken on a fresh lookup too: said
-    consoles._vols.clear()
+    fleet.pools["a1"].files[first.name] = Broken(b"")  # broken on a fresh lookup too: said,
+    consoles._vols[first.name] = Broken(b"")  # after one lookup, not looked up again and again
     with pytest.raises(VmmgrError, match="client socket is closed"):
         b"".join(consoles.chunks(first))
+    assert first.name not in consoles._vols
+
+
+class BreaksMidway(Vol):
+    """Its connection breaks once part of a window has come."""
+
+    def connect(self):
+        vol = self
+
+        class Partial(Stream):
+            def recv(self, n):
+                if vol.sent:
+                    raise libvirt.libvirtError("End of file while reading data")
+                vol.sent = True
+                return self.data[:4]
+        vol.sent = False
+        return type("C", (), {"newStream": lambda _, flags: Partial()})()
+
+
+def test_a_read_broken_after_some_bytes_is_not_begun_again():
+    """Its bytes went to the reader: reading the window again would repeat them."""
+    fleet = Site({"a1": ""}, {"": {"vm@000001-a1.log": Vol(b"0123456789")}})
+    consoles, first = site_consoles.FleetConsoles(fleet), Segment(1, "vm", "a1")
+    consoles._vols[first.name] = BreaksMidway(b"0123456789")
+    got = []
+    with pytest.raises(VmmgrError, match="End of file"):
+        for data in consoles.chunks(first):
+            got.append(data)
+    assert got == [b"0123"]
 
 
 class Forgetting:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import libvirt
 import pytest
 
 from vmmgr import suspend
@@ -312,6 +313,7 @@ def test_any_exception_in_libvirts_migration_call_is_a_failure_not_a_success(tmp
         migration.run()
     fleet.route_address.assert_not_called()
     dropped.assert_called_once_with(fleet, "vm1", segment)  # the failure's path, to its end
+    fleet.host.return_value.find_guest.assert_called_once()  # only to know it is not there
 
 
 def test_a_failed_moves_segment_stays_while_the_target_may_run_the_vm(tmp_path, mocker):
@@ -334,8 +336,12 @@ def test_a_failed_moves_segment_stays_while_the_target_may_run_the_vm(tmp_path, 
     dropped = mocker.patch("vmmgr.site_consoles.drop_if_empty")
     fleet.host.return_value.record.tls = True
     fleet.host.return_value.uri = "qemu+tls://10.0.0.2/system"
-    for there in (mocker.Mock(**{"is_active.return_value": True}),
-                  HostUnreachable("h2 does not answer")):
+    segment = tmp_path / "vm1@000002-h2.log"
+    running = mocker.Mock(**{"is_active.return_value": True, "console_path.return_value": segment})
+    # libvirt keeps the definition it persisted on the target before a late failure: stopped,
+    # it would write the segment once started
+    kept = mocker.Mock(**{"is_active.return_value": False, "console_path.return_value": segment})
+    for there in (running, kept, HostUnreachable("h2 does not answer")):
         fleet.host.return_value.find_guest.side_effect = [there] if isinstance(
             there, Exception) else None
         fleet.host.return_value.find_guest.return_value = there
@@ -343,6 +349,15 @@ def test_a_failed_moves_segment_stays_while_the_target_may_run_the_vm(tmp_path, 
                                mocker.Mock(lost=False))
         with pytest.raises(MigrationFailed):
             migration.run()
+    # the source still migrating (our connection broke, not the peer-to-peer migration)
+    fleet.host.return_value.find_guest.side_effect = None
+    fleet.host.return_value.find_guest.return_value = None
+    guest.job_stats.return_value = {"type": libvirt.VIR_DOMAIN_JOB_UNBOUNDED}
+    migration = _Migration(fleet, guest, "h2", get_policy(None), None, 0.01,
+                           mocker.Mock(lost=False))
+    mocker.patch.object(migration, "_in_postcopy", return_value=False)
+    with pytest.raises(MigrationFailed):
+        migration._fail(OverflowError("late"), segment)
     dropped.assert_not_called()
 
 
