@@ -285,17 +285,16 @@ def test_a_vm_is_unknown_only_when_every_host_answered(tmp_path):
         FakeFleet(tmp_path, FakeHost("h1"), FakeHost("h2")).locate("vm1")
 
 
-def test_any_exception_in_libvirts_migration_call_is_a_failure_not_a_success(tmp_path, mocker):
-    """Before: an OverflowError from the migration thread (bandwidth 2**70) was taken for a
-    success, and the VM's address was routed to the target while the VM stayed on the source."""
-    from vmmgr.errors import MigrationFailed
+def _failing_move(tmp_path, mocker, error: Exception):
+    """A migration from h1 to h2 whose libvirt call raises `error` while the VM runs on h1:
+    the guest, the fleet, the target's console segment and the mocked drop of it."""
     from vmmgr.migration import _Migration
     from vmmgr.policy import get_policy
 
     guest = mocker.Mock(host_name="h1")
     guest.name = "vm1"
     guest.xml.return_value = DOMAIN
-    guest.migrate_to.side_effect = OverflowError("Python int too large to convert to C long")
+    guest.migrate_to.side_effect = error
     guest.is_active.return_value = True
     guest.state.return_value = "running"
     guest.job_stats.return_value = {"type": 0}
@@ -306,9 +305,22 @@ def test_any_exception_in_libvirts_migration_call_is_a_failure_not_a_success(tmp
     dropped = mocker.patch("vmmgr.site_consoles.drop_if_empty")
     fleet.host.return_value.record.tls = True
     fleet.host.return_value.uri = "qemu+tls://10.0.0.2/system"
+
+    def migration():
+        return _Migration(fleet, guest, "h2", get_policy(None), None, 0.01,
+                          mocker.Mock(lost=False))
+    return guest, fleet, segment, dropped, migration
+
+
+def test_any_exception_in_libvirts_migration_call_is_a_failure_not_a_success(tmp_path, mocker):
+    """Before: an OverflowError from the migration thread (bandwidth 2**70) was taken for a
+    success, and the VM's address was routed to the target while the VM stayed on the source."""
+    from vmmgr.errors import MigrationFailed
+
+    _, fleet, segment, dropped, migration = _failing_move(
+        tmp_path, mocker, OverflowError("Python int too large to convert to C long"))
     fleet.host.return_value.find_guest.return_value = None  # the target holds no copy
-    migration = _Migration(fleet, guest, "h2", get_policy(None), None, 0.01,
-                           mocker.Mock(lost=False))
+    migration = migration()
     with pytest.raises(MigrationFailed, match="OverflowError.*still running on h1"):
         migration.run()
     fleet.route_address.assert_not_called()
@@ -320,23 +332,9 @@ def test_a_failed_moves_segment_stays_while_the_target_may_run_the_vm(tmp_path, 
     """The source's call failed, but the target runs the VM (the failure came after its
     switch-over, or the target cannot say): the segment there is its console from now on."""
     from vmmgr.errors import HostUnreachable, MigrationFailed
-    from vmmgr.migration import _Migration
-    from vmmgr.policy import get_policy
 
-    guest = mocker.Mock(host_name="h1")
-    guest.name = "vm1"
-    guest.xml.return_value = DOMAIN
-    guest.migrate_to.side_effect = OverflowError("late")
-    guest.is_active.return_value = True
-    guest.state.return_value = "running"
-    guest.job_stats.return_value = {"type": 0}
-    fleet = mocker.Mock()
-    fleet.state.cancel_asked.return_value = False
-    mocker.patch("vmmgr.site_consoles.new_segment", return_value=tmp_path / "vm1@000002-h2.log")
-    dropped = mocker.patch("vmmgr.site_consoles.drop_if_empty")
-    fleet.host.return_value.record.tls = True
-    fleet.host.return_value.uri = "qemu+tls://10.0.0.2/system"
-    segment = tmp_path / "vm1@000002-h2.log"
+    guest, fleet, segment, dropped, migration = _failing_move(tmp_path, mocker,
+                                                              OverflowError("late"))
     running = mocker.Mock(**{"is_active.return_value": True, "console_path.return_value": segment})
     # libvirt keeps the definition it persisted on the target before a late failure: stopped,
     # it would write the segment once started
@@ -345,19 +343,16 @@ def test_a_failed_moves_segment_stays_while_the_target_may_run_the_vm(tmp_path, 
         fleet.host.return_value.find_guest.side_effect = [there] if isinstance(
             there, Exception) else None
         fleet.host.return_value.find_guest.return_value = there
-        migration = _Migration(fleet, guest, "h2", get_policy(None), None, 0.01,
-                               mocker.Mock(lost=False))
         with pytest.raises(MigrationFailed):
-            migration.run()
+            migration().run()
     # the source still migrating (our connection broke, not the peer-to-peer migration)
     fleet.host.return_value.find_guest.side_effect = None
     fleet.host.return_value.find_guest.return_value = None
     guest.job_stats.return_value = {"type": libvirt.VIR_DOMAIN_JOB_UNBOUNDED}
-    migration = _Migration(fleet, guest, "h2", get_policy(None), None, 0.01,
-                           mocker.Mock(lost=False))
-    mocker.patch.object(migration, "_in_postcopy", return_value=False)
+    moving = migration()
+    mocker.patch.object(moving, "_in_postcopy", return_value=False)
     with pytest.raises(MigrationFailed):
-        migration._fail(OverflowError("late"), segment)
+        moving._fail(OverflowError("late"), segment)
     dropped.assert_not_called()
 
 
