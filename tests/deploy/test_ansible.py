@@ -62,6 +62,24 @@ def test_every_playbook_passes_the_syntax_check():
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_a_control_node_that_is_no_kvm_host_mounts_the_shared_storage(tmp_path):
+    """The admin CLI on the control node imports and lists the VM images and reads the saves on
+    the shared storage, as the lab's control node sees it: a control node apart from the KVM
+    hosts mounts it too (the apply below has one node in both groups)."""
+    inventory = tmp_path / "hosts.json"
+    inventory.write_text(json.dumps({"all": {"children": {
+        "kvm_hosts": {"hosts": {"host1": {}}}, "control": {"hosts": {"control1": {}}},
+        "edge": {"hosts": {"edge1": {}}}}}}))
+    proc = run([str(BIN / "ansible-playbook"), "-i", str(inventory), "--list-tasks",
+                "site.yml"], cwd=ANSIBLE_DIR)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    plays = {m.group(1): m.group(2) for m in re.finditer(
+        r"^  play #\d+ \(([^)]*)\):.*\n((?:    .*\n?)*)", proc.stdout, re.M)}
+    for hosts in ("control", "kvm_hosts"):
+        assert "Mount the shared storage" in plays[hosts], proc.stdout
+    assert "Mount the shared storage" not in plays["edge"]
+
+
 def test_the_lab_settings_never_reach_production():
     text = "\n".join(p.read_text() for p in ANSIBLE_DIR.rglob("*") if p.is_file())
     assert "listen_tcp = 1" not in text and 'auth_tcp = "none"' not in text
