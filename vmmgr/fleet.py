@@ -221,7 +221,7 @@ class Fleet:
     def _row(self, vm: str) -> dict | None:
         """The VM's row; None only when every host answered that it holds no such VM (a
         row dropped for a VM on a silent host would have its record forgotten)."""
-        row = view.suspended_row(self.paths.saves / vm)
+        row = view.suspended_row(self.state.save_of(vm))
         if row is None:
             guest = self.find(vm) or self.find(vm, strict=True)
             info = self._info(guest.host_name, guest) if guest is not None else None
@@ -235,8 +235,11 @@ class Fleet:
         since = self.state.view_mark()
         unreachable: set[str] = set()
         rows = [view.guest_row(i) for i in self.vms(unreachable)]
-        if self.paths.saves.is_dir():
-            rows += [r for r in (view.suspended_row(d) for d in self.paths.saves.iterdir()) if r]
+        # A save's row stands over a shut-off copy (a save cut short after its record), never
+        # over a running one (a resume whose last write to the store failed).
+        active = {r["name"] for r in rows if r["state"] in ("running", "paused")}
+        rows += [r for r in map(view.suspended_row, self.state.saves().values())
+                 if r and r["name"] not in active]
         rows += [r for r in self.state.vm_views() if r["host"] in unreachable]
         self.state.observe_vm_views({r["name"]: r for r in rows}, since, whole=True)
         return rows
@@ -247,7 +250,7 @@ class Fleet:
         with self.lock_vm(spec.name, f"create of {spec.name} on {host_name}") as lease:
             # strict: a host that does not answer may hold a VM of that name (and its address)
             if self.find(spec.name, strict=True) is not None or (
-                    self.paths.saves / spec.name).exists():
+                    self.paths.saves / spec.name).exists() or self.state.save_of(spec.name):
                 raise Conflict(f"VM {spec.name!r} already exists")
             require_active(host)
             reason = refusal(host.capacity(), spec.memory_mib, spec.vcpus, spec.gpu_model,
@@ -481,7 +484,12 @@ class Fleet:
             edge.route(address, host)
 
     def is_suspended(self, vm: str) -> bool:
-        """Saved on storage (a resume that claimed the image has not finished yet)."""
+        """Saved on storage (a resume that claimed the image has not finished yet): by the
+        store's copy of its save, or by the folder where this node sees it (a copy not yet
+        written must not let anything take the VM for gone)."""
+        save = self.state.save_of(vm)
+        if save is not None and save["record"] is not None:
+            return True
         d = self.paths.saves / vm
         return (d / "record.json").is_file() or (d / "claim.json").is_file()
 
@@ -496,6 +504,9 @@ class Fleet:
         """Power the VM off and remove it everywhere (a suspended VM: its image), console logs
         included; returns where it was."""
         with self.lock_vm(vm, f"destroy of {vm}") as lease:
+            if self.state.save_of(vm) is not None and not self.paths.saves.is_dir():
+                raise Conflict(f"VM {vm!r} is saved on storage this node does not see: destroy "
+                               "it where the storage is mounted (a host, a worker)")
             guest = self.find(vm)
             suspended = self.is_suspended(vm)
             if (guest is None or not guest.is_active()) and not self.is_saved_whole(vm):
@@ -528,6 +539,8 @@ class Fleet:
             if edge is not None and address:
                 edge.unroute(address)
             shutil.rmtree(self.paths.saves / vm, ignore_errors=True)
+            if self.paths.saves.is_dir() and not (self.paths.saves / vm).exists():
+                self.state.forget_save(vm)  # (what stays is copied again by the reconcile)
             for made in self.vm_files(vm):
                 made.unlink(missing_ok=True)
             site_consoles.remove(self, vm)

@@ -241,8 +241,9 @@ def resume_parked(fleet: Fleet, report) -> list[str]:
     parked VMs (`group`) resume together, only when there is room for all of them. Each resume
     takes the VM's lock: another node resuming the same VM at once is refused."""
     resumed = []
+    suspend.sync_records(fleet, report)  # a job's member whose copy the store lacks is waited for
     waiting = [r for r in suspend.suspended(fleet) if r.parked]  # an operator's wait for them
-    saving = suspend.saving_groups(fleet.paths.saves)  # a job with a save still going waits
+    saving = suspend.saving_groups(fleet)  # a job with a save still going waits
     jobs: dict[str, list] = {}
     for record in waiting:
         if record.group not in saving:

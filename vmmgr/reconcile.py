@@ -24,13 +24,17 @@ from .render import address_of
 def reconcile(fleet: Fleet, report, start=None) -> dict:
     """One pass. `start(vm)`, when given, starts a post-copy recovery elsewhere (the
     task API queues it as the VM's own task); without it the pass runs each one itself."""
+    copied = suspension.sync_records(fleet, report)  # first: what follows reads the saves there
+    for vm in copied:
+        report.event(f"{vm}: the store's copy of its save written again from storage", vm=vm,
+                     kind="repair")
     recovered = recover_cut_short(fleet, report)
     postcopies = resume_postcopies(fleet, report, start)
     if start is None:
         recovered += postcopies
     resumed = reclaim.resume_parked(fleet, report)
     rows = fleet.refresh_view()  # what libvirt and the storage say now (one pass over hosts)
-    repaired = repair_records(fleet, report, rows)
+    repaired = copied + repair_records(fleet, report, rows)
     repaired += repair_addresses(fleet, report, rows)
     rerouted = repair_edge(fleet, report, rows)
     rerouted += release_stale_holds(fleet, report)
@@ -160,8 +164,7 @@ def sweep_addresses(fleet: Fleet, report, rows: list[dict]) -> list[str]:
     under the VM's lock, which decides nothing while a host that may hold it does not answer.
     A VM's files, and its disks on hosts, are left for the operator (`vm destroy`): a disk may
     hold someone's work.
-    (Saves are looked for on this node's storage: once sites keep saves apart, this must read
-    the save records from the store.) Returns the addresses freed."""
+    Returns the addresses freed."""
     pool = pool_for(fleet.paths, fleet.state.r)
     if pool is None:
         return []
@@ -280,6 +283,9 @@ def _defined_address(fleet: Fleet, vm: str) -> str | None:
     guest = fleet.find(vm)
     if guest is not None:
         return address_of(guest.xml(inactive=True))
+    save = fleet.state.save_of(vm)
+    if save is not None and save["address"]:
+        return save["address"]
     try:
         return address_of((fleet.paths.saves / vm / "domain.xml").read_text())
     except (OSError, ET.ParseError):  # no save, or one cut short

@@ -374,6 +374,26 @@ class FleetState:
         if seqs:
             self.r.hdel(P + "console:" + vm, *map(str, seqs))
 
+    # ---- saves (`suspend`): what each VM's save folder holds, for readers that cannot see it --
+    # The folder on storage decides (a resume claims it by a rename); this is its copy, written
+    # under the VM's lock after each step and by the reconcile's pass over the folders, so a
+    # listing, the web console or a reclaim on a node without that storage knows the saves.
+
+    def put_save(self, vm: str, save: dict) -> None:
+        """{"state": "saving" | "saved" | "claimed", "intent", "record", "address", "disk"}:
+        see `suspend.folder_save`."""
+        self.r.hset(P + "saves", vm, json.dumps(save))
+
+    def forget_save(self, vm: str) -> None:
+        self.r.hdel(P + "saves", vm)
+
+    def save_of(self, vm: str) -> dict | None:
+        raw = self.r.hget(P + "saves", vm)
+        return json.loads(raw) if raw else None
+
+    def saves(self) -> dict[str, dict]:
+        return {vm: json.loads(raw) for vm, raw in sorted(self.r.hgetall(P + "saves").items())}
+
     # ---- base images being sent to a host (`site_images`): one cut short is swept ----------
 
     def image_copy_started(self, image: str, host: str, base: str) -> None:

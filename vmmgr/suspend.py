@@ -12,14 +12,21 @@ client: a save goes on to the end and stops the domain. So each change is announ
 before it starts: `intent.json` before a save or hibernation, and a resume first renames
 `record.json` to `claim.json` (one rename wins: two resumes never restore one image). `recover`
 reads what was left, with libvirt's view of the VM, and finishes the step or undoes it.
+
+The store keeps a copy of each folder (`sync_record`, under the VM's lock after each step, and
+the reconcile's `sync_records`): listings, the web console and the reclaim read the saves there,
+on any node, while the folder decides what a resume may take.
 """
 
 import json
 import os
 import shutil
 import time
+import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import redis
 
 from . import console, devices, local_disks, os_images, site_consoles, site_images
 from .errors import (Conflict, HibernationFailed, HostUnreachable, InvalidRequest, NotFound,
@@ -76,32 +83,116 @@ def save_dir(fleet: Fleet, vm: str) -> Path:
     return fleet.paths.saves / vm
 
 
-def saving_groups(saves: Path) -> set[str]:
+def saving_groups(fleet: Fleet) -> set[str]:
     """The jobs (groups) with a VM whose save has begun and not ended: until it ends, none of
-    the job's parked VMs resume (a job resumes whole, or not at all)."""
-    groups = set()
-    for d in sorted(saves.iterdir()) if saves.is_dir() else []:
-        if (d / INTENT).is_file() and not (d / RECORD).is_file():
-            try:
-                group = json.loads((d / INTENT).read_text()).get("group", "")
-            except (OSError, ValueError):
-                continue  # being written: the next pass sees it whole
-            if group:
-                groups.add(group)
-    return groups
+    the job's parked VMs resume (a job resumes whole, or not at all). From the store's copies,
+    and the folders where this node sees them: a copy not written yet must not let a job
+    resume in part."""
+    saves = list(fleet.state.saves().values())
+    root = fleet.paths.saves
+    for d in sorted(root.iterdir()) if root.is_dir() else []:
+        try:
+            saves.append(folder_save(d))
+        except (OSError, ValueError):
+            continue  # unreadable now: the next pass
+    return {s["intent"].get("group", "") for s in saves
+            if s and s["state"] == "saving" and s["record"] is None} - {""}
 
 
 def suspended(fleet: Fleet) -> list[Suspended]:
-    root = fleet.paths.saves
-    if not root.is_dir():
-        return []
-    records = [_record(d) for d in sorted(root.iterdir()) if (d / RECORD).is_file()]
+    """The VMs saved and not claimed by a resume, from the store (any node can list them)."""
+    records = [Suspended(**s["record"]) for s in fleet.state.saves().values()
+               if s["record"] is not None and s["state"] != "claimed"]
     return sorted(records, key=lambda r: r.suspended_at)  # oldest first: the resume order
 
 
 def find_suspended(fleet: Fleet, vm: str) -> Suspended | None:
+    """From the folder itself: what a suspend or resume holding the VM's lock decides on."""
     d = save_dir(fleet, vm)
     return _record(d) if (d / RECORD).is_file() else None
+
+
+def folder_save(d: Path) -> dict | None:
+    """What a save folder holds, in the store's shape (its "record" None until written); None
+    where it holds no save. "saving" while a suspend's intent is there (with its record, if
+    cut short after writing it), "claimed" while a resume holds it, else "saved". A file that
+    cannot be read raises: a save is never forgotten for an error of the storage."""
+    claim, record, intent = (_json_or_none(d / name) for name in (CLAIM, RECORD, INTENT))
+    if claim is None and record is None and intent is None:
+        return None
+    try:
+        address = address_of((d / "domain.xml").read_text()) or ""
+    except (FileNotFoundError, ET.ParseError):  # a save cut short as it wrote its definition
+        address = ""
+    return {"state": "claimed" if claim is not None else "saving" if intent is not None
+            else "saved",
+            "intent": intent or {}, "record": claim if claim is not None else record,
+            "address": address,
+            "disk": (d / DISK_SUM).is_file()}
+
+
+def sync_record(fleet: Fleet, vm: str) -> None:
+    """Write the VM's save folder to the store (for the caller holding the VM's lock). Nothing
+    where this node does not see the storage: it cannot tell."""
+    if not fleet.paths.saves.is_dir():
+        return
+    save = folder_save(save_dir(fleet, vm))
+    if save is None:
+        fleet.state.forget_save(vm)
+    else:
+        fleet.state.put_save(vm, save)
+
+
+def _sync_quietly(fleet: Fleet, vm: str) -> None:
+    """After a step, whatever it ended in: a write that fails leaves the store's copy behind
+    the folder until the reconcile's pass (`sync_records`), never the step undone or its own
+    error hidden."""
+    try:
+        sync_record(fleet, vm)
+    except Exception:  # noqa: BLE001 - a copy; the step's outcome is what is reported
+        pass
+
+
+def _sync_begun(fleet: Fleet, vm: str, d: Path) -> None:
+    """The copy of a save just begun, before anything starts: its job's parked VMs wait for it
+    (`saving_groups`). One the store does not take ends the suspend here, with nothing done."""
+    try:
+        sync_record(fleet, vm)
+    except Exception:
+        shutil.rmtree(d, ignore_errors=True)
+        _sync_quietly(fleet, vm)
+        raise
+
+
+def sync_records(fleet: Fleet, report=None) -> list[str]:
+    """The reconcile's pass: every save folder whose copy in the store differs (a worker killed
+    between a step and its write, a store restored from an old copy), and every copy whose
+    folder is gone, written again under the VM's lock. A VM an operation holds is left to it:
+    it writes its own when it ends. Returns the VMs whose copy changed; nothing on a node that
+    does not see the storage."""
+    root = fleet.paths.saves
+    if not root.is_dir():
+        return []
+    stored = fleet.state.saves()
+    changed = []
+    for vm in sorted({d.name for d in root.iterdir() if d.is_dir()} | set(stored)):
+        try:
+            if folder_save(save_dir(fleet, vm)) == stored.get(vm):
+                continue
+            with fleet.lock_vm(vm, f"the reconcile's copy of {vm}'s save"):
+                before = fleet.state.save_of(vm)  # (an operation may have ended since)
+                sync_record(fleet, vm)
+                if fleet.state.save_of(vm) == before:
+                    continue
+        except (VmmgrError, OSError, ValueError):
+            continue  # held by an operation, or unreadable now: the next pass
+        except Exception as err:  # noqa: BLE001 - one folder's surprise must not end the pass
+            if report is not None:
+                report.event(f"{vm}: its save not copied to the store: {err}", vm=vm,
+                             kind="error")
+            continue
+        changed.append(vm)
+    return changed
 
 
 MODES = ("save", "guest")
@@ -127,44 +218,52 @@ def suspend(fleet: Fleet, vm: str, parked: bool = False, mode: str | None = None
 
 def _suspend(fleet: Fleet, vm: str, parked: bool, mode: str | None) -> Suspended:
     with fleet.lock_vm(vm, f"suspend of {vm}") as lease:
-        if find_suspended(fleet, vm):
-            raise Conflict(f"VM {vm!r} is already suspended")
-        guest = fleet.locate(vm)
-        if guest.state() != "running":
-            raise Conflict(f"VM {vm!r} is {guest.state()}: only a running VM is suspended")
-        live, why = guest.live_migratable()
-        mode = mode or ("save" if live else "guest")
-        if mode == "save" and not live:
-            raise Conflict(f"VM {vm!r} cannot be saved by its host: it {why}; it can hibernate "
-                           "(--mode guest)")
-        lease.check()
-        if mode == "guest":
-            return _hibernate(fleet, guest, parked)
-        d = _begin(guest, parked, "save", inactive_xml=guest.xml(inactive=True, migratable=True),
-                   d=save_dir(fleet, vm))
-        partial = d / "image.partial"
-        t0 = time.monotonic()
         try:
-            guest.save(partial)
-        except VmmgrError:
-            # A failed save leaves the guest running: nothing to undo but the files. An error
-            # that only says the answer was lost (the connection broke) may hide a save libvirt
-            # finishes on its own: then the intent stays, for `recover` to settle.
-            if _running_idle(guest):
-                shutil.rmtree(d, ignore_errors=True)
-            raise
-        try:
-            return _saved(d, guest, int((time.monotonic() - t0) * 1000))
-        except (VmmgrError, OSError) as err:
-            if (d / RECORD).is_file() or not (d / "image.partial").is_file():
-                raise  # suspended after all, or not this step's failure: recover settles it
-            # Its local disk could not be kept: the VM goes back to running on its host from
-            # the image just saved (its disk is still there), as if never suspended.
-            host = fleet.host(guest.host_name)
-            host.restore(partial, host.save_image_xml(partial))
+            return _suspend_held(fleet, vm, parked, mode, lease)
+        finally:
+            _sync_quietly(fleet, vm)
+
+
+def _suspend_held(fleet: Fleet, vm: str, parked: bool, mode: str | None, lease) -> Suspended:
+    if find_suspended(fleet, vm):
+        raise Conflict(f"VM {vm!r} is already suspended")
+    guest = fleet.locate(vm)
+    if guest.state() != "running":
+        raise Conflict(f"VM {vm!r} is {guest.state()}: only a running VM is suspended")
+    live, why = guest.live_migratable()
+    mode = mode or ("save" if live else "guest")
+    if mode == "save" and not live:
+        raise Conflict(f"VM {vm!r} cannot be saved by its host: it {why}; it can hibernate "
+                       "(--mode guest)")
+    lease.check()
+    if mode == "guest":
+        return _hibernate(fleet, guest, parked)
+    d = _begin(guest, parked, "save", inactive_xml=guest.xml(inactive=True, migratable=True),
+               d=save_dir(fleet, vm))
+    _sync_begun(fleet, vm, d)
+    partial = d / "image.partial"
+    t0 = time.monotonic()
+    try:
+        guest.save(partial)
+    except VmmgrError:
+        # A failed save leaves the guest running: nothing to undo but the files. An error
+        # that only says the answer was lost (the connection broke) may hide a save libvirt
+        # finishes on its own: then the intent stays, for `recover` to settle.
+        if _running_idle(guest):
             shutil.rmtree(d, ignore_errors=True)
-            raise VmmgrError(f"{vm} could not be suspended ({err}); it runs on "
-                             f"{guest.host_name} again, restored from its save") from err
+        raise
+    try:
+        return _saved(d, guest, int((time.monotonic() - t0) * 1000))
+    except (VmmgrError, OSError) as err:
+        if (d / RECORD).is_file() or not (d / "image.partial").is_file():
+            raise  # suspended after all, or not this step's failure: recover settles it
+        # Its local disk could not be kept: the VM goes back to running on its host from
+        # the image just saved (its disk is still there), as if never suspended.
+        host = fleet.host(guest.host_name)
+        host.restore(partial, host.save_image_xml(partial))
+        shutil.rmtree(d, ignore_errors=True)
+        raise VmmgrError(f"{vm} could not be suspended ({err}); it runs on "
+                         f"{guest.host_name} again, restored from its save") from err
 
 
 def park_stopped(fleet: Fleet, vm: str) -> Suspended:
@@ -174,9 +273,12 @@ def park_stopped(fleet: Fleet, vm: str) -> Suspended:
     guest = fleet.locate(vm)
     if guest.is_active():
         raise Conflict(f"VM {vm!r} is {guest.state()}: only a stopped VM's definition is parked")
-    d = _begin(guest, True, "stopped", guest.xml(inactive=True, migratable=True),
-               save_dir(fleet, vm))
-    return _suspended(d, guest, json.loads((d / INTENT).read_text()), 0, 0)
+    try:
+        d = _begin(guest, True, "stopped", guest.xml(inactive=True, migratable=True),
+                   save_dir(fleet, vm))
+        return _suspended(d, guest, json.loads((d / INTENT).read_text()), 0, 0)
+    finally:
+        _sync_quietly(fleet, vm)
 
 
 def _hibernate(fleet: Fleet, guest, parked: bool) -> Suspended:
@@ -186,6 +288,7 @@ def _hibernate(fleet: Fleet, guest, parked: bool) -> Suspended:
     vm, host = guest.name, guest.host_name
     d = _begin(guest, parked, "guest", inactive_xml=guest.xml(inactive=True),
                d=save_dir(fleet, vm))
+    _sync_begun(fleet, vm, d)
     t0 = time.monotonic()
     refused = None
     try:
@@ -299,59 +402,67 @@ def resume(fleet: Fleet, vm: str, host: str | None = None) -> Resumed:
 
 def _resume(fleet: Fleet, vm: str, host: str | None) -> Resumed:
     with fleet.lock_vm(vm, f"resume of {vm}") as lease:
-        record = find_suspended(fleet, vm)
-        if record is None:
-            if fleet.find(vm):
-                raise Conflict(f"VM {vm!r} is not suspended: it runs on {fleet.locate(vm).host_name}")
-            raise NotFound(f"unknown VM {vm!r}")
-        needs = (record.memory_mib, record.vcpus, record.device_model, record.device_count)
+        try:
+            return _resume_held(fleet, vm, host, lease)
+        finally:
+            _sync_quietly(fleet, vm)
+
+
+def _resume_held(fleet: Fleet, vm: str, host: str | None, lease) -> Resumed:
+    record = find_suspended(fleet, vm)
+    if record is None:
+        if fleet.find(vm):
+            raise Conflict(f"VM {vm!r} is not suspended: it runs on {fleet.locate(vm).host_name}")
+        raise NotFound(f"unknown VM {vm!r}")
+    needs = (record.memory_mib, record.vcpus, record.device_model, record.device_count)
+    if host is None:
+        sites = fleet.sites()  # back in the site it left, while that has room
+        host, refused = choose_host(fleet.active_capacities(), *needs, sites,
+                                    sites.get(record.from_host, ""))
         if host is None:
-            sites = fleet.sites()  # back in the site it left, while that has room
-            host, refused = choose_host(fleet.active_capacities(), *needs, sites,
-                                        sites.get(record.from_host, ""))
-            if host is None:
-                why = "; ".join(f"{h}: {r}" for h, r in refused.items()) or "no hosts"
-                raise Conflict(f"no host has room to resume {vm}: {why}")
-        target = fleet.host(host)
-        require_active(target)
-        reason = refusal(target.capacity(), *needs)
-        if reason:
-            raise Conflict(f"host {host} has no room to resume {vm}: {reason}")
-        d = save_dir(fleet, vm)
-        segment = site_consoles.new_segment(fleet, vm, host)
-        lease.check()
-        _claim(d, vm)
-        try:
-            load_local_disk(fleet, d, target, record.from_host)
-        except Exception:
-            _unclaim(d)  # its kept disk stays on storage, the VM stays suspended
-            site_consoles.drop_if_empty(fleet, vm, segment)
-            raise
-        if record.mode == "guest":
-            return _boot_from_hibernation(fleet, record, target, segment)
-        if record.mode == "stopped":
-            t0 = time.monotonic()
-            _resumed_on(fleet, target, d, segment)  # defined there, not started
-            return Resumed(vm, host, int((time.monotonic() - t0) * 1000),
-                           round(time.time() - record.suspended_at, 1), state="shutoff")
+            why = "; ".join(f"{h}: {r}" for h, r in refused.items()) or "no hosts"
+            raise Conflict(f"no host has room to resume {vm}: {why}")
+    target = fleet.host(host)
+    require_active(target)
+    reason = refusal(target.capacity(), *needs)
+    if reason:
+        raise Conflict(f"host {host} has no room to resume {vm}: {reason}")
+    d = save_dir(fleet, vm)
+    segment = site_consoles.new_segment(fleet, vm, host)
+    lease.check()
+    _claim(d, vm)
+    _sync_quietly(fleet, vm)  # claimed: its row comes from the host it runs on from here
+    try:
+        load_local_disk(fleet, d, target, record.from_host)
+    except Exception:
+        _unclaim(d)  # its kept disk stays on storage, the VM stays suspended
+        site_consoles.drop_if_empty(fleet, vm, segment)
+        raise
+    if record.mode == "guest":
+        return _boot_from_hibernation(fleet, record, target, segment)
+    if record.mode == "stopped":
         t0 = time.monotonic()
-        try:
-            target.restore(d / "image", set_console_path(target.save_image_xml(d / "image"),
-                                                         segment))
-        except HostUnreachable:
-            # It may have restored there before the answer was lost: the claim stays, and
-            # `recover` (which waits for the host to answer) finishes or undoes the resume.
-            raise
-        except VmmgrError:
-            _drop_loaded_disk(d, target)
-            _unclaim(d)  # nothing runs: the image stays, the VM stays suspended
-            site_consoles.drop_if_empty(fleet, vm, segment)
-            raise
-        # It runs on the target from here: whatever fails now is finished forward (`recover`),
-        # never undone, or the image could be restored a second time.
-        restore_ms = int((time.monotonic() - t0) * 1000)
-        _resumed_on(fleet, target, d, segment)
-        return Resumed(vm, host, restore_ms, round(time.time() - record.suspended_at, 1))
+        _resumed_on(fleet, target, d, segment)  # defined there, not started
+        return Resumed(vm, host, int((time.monotonic() - t0) * 1000),
+                       round(time.time() - record.suspended_at, 1), state="shutoff")
+    t0 = time.monotonic()
+    try:
+        target.restore(d / "image", set_console_path(target.save_image_xml(d / "image"),
+                                                     segment))
+    except HostUnreachable:
+        # It may have restored there before the answer was lost: the claim stays, and
+        # `recover` (which waits for the host to answer) finishes or undoes the resume.
+        raise
+    except VmmgrError:
+        _drop_loaded_disk(d, target)
+        _unclaim(d)  # nothing runs: the image stays, the VM stays suspended
+        site_consoles.drop_if_empty(fleet, vm, segment)
+        raise
+    # It runs on the target from here: whatever fails now is finished forward (`recover`),
+    # never undone, or the image could be restored a second time.
+    restore_ms = int((time.monotonic() - t0) * 1000)
+    _resumed_on(fleet, target, d, segment)
+    return Resumed(vm, host, restore_ms, round(time.time() - record.suspended_at, 1))
 
 
 def _drop_loaded_disk(d: Path, target) -> None:
@@ -476,11 +587,14 @@ def recover(fleet: Fleet, vm: str, wait: float = 0) -> str | None:
     without the hosts concerned: one that does not answer raises HostUnreachable, and a job
     libvirt still runs is waited for up to `wait` seconds, then left (Conflict)."""
     d = save_dir(fleet, vm)
-    if (d / CLAIM).is_file():
-        return _recover_resume(fleet, vm, d, wait)
-    if (d / INTENT).is_file():
-        return _recover_suspend(fleet, vm, d, wait)
-    return None
+    try:
+        if (d / CLAIM).is_file():
+            return _recover_resume(fleet, vm, d, wait)
+        if (d / INTENT).is_file():
+            return _recover_suspend(fleet, vm, d, wait)
+        return None
+    finally:
+        _sync_quietly(fleet, vm)
 
 
 def _recover_suspend(fleet: Fleet, vm: str, d: Path, wait: float) -> str:
@@ -584,6 +698,13 @@ def _record(d: Path) -> Suspended:
 
 def _record_at(path: Path) -> Suspended:
     return Suspended(**json.loads(path.read_text()))
+
+
+def _json_or_none(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
 
 
 def _write_json(path: Path, data: dict) -> None:

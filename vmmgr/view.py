@@ -7,14 +7,11 @@ which also catches what changed behind vmmgr's back. Host rows are computed from
 the reconcile's host snapshot (reachability, what a host reports) and the VM rows on it.
 """
 
-import json
 import time
 from dataclasses import asdict
 from operator import itemgetter
-from pathlib import Path
 
 from .host import Capacity
-from .render import address_of
 
 
 # Left out of a row where they hold these (most VMs): a listing parses 20,000 rows, and a reader
@@ -32,16 +29,12 @@ def _slim(row: dict) -> dict:
     return {k: v for k, v in row.items() if k not in DEFAULTS or DEFAULTS[k] != v}
 
 
-def suspended_row(save_dir: Path) -> dict | None:
-    """A suspended VM's row, from its record on storage (None if it has none)."""
-    try:
-        record = json.loads((save_dir / "record.json").read_text())
-    except (OSError, ValueError):
+def suspended_row(save: dict | None) -> dict | None:
+    """A suspended VM's row, from the store's copy of its save (`suspend.folder_save`); None
+    where it has no record, or a resume has claimed it (its host tells then)."""
+    if save is None or save["record"] is None or save["state"] == "claimed":
         return None
-    try:
-        address = address_of((save_dir / "domain.xml").read_text()) or ""
-    except OSError:
-        address = ""
+    record, address = save["record"], save["address"]
     return _slim({"name": record["vm"], "host": "-",
                   "state": ("stopped" if record.get("mode") == "stopped"  # its definition
                             else "parked" if record.get("parked") else "suspended"),

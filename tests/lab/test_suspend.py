@@ -22,6 +22,22 @@ def test_suspend_then_resume_on_another_host_continues_exactly(make_vm, fleet, p
     assert where_defined(fleet, "sleeper") == []
     listed = {v["name"]: v for v in json.loads(cli("vm", "list", "--json", check_code=0).stdout)}
     assert listed["sleeper"]["state"] == "suspended"
+    saved = fleet.state.save_of("sleeper")  # the store's copy of its folder: what lists read
+    assert saved["state"] == "saved" and saved["record"]["from_host"] == "host1"
+    assert saved["address"] == listed["sleeper"]["address"] != ""
+
+    # A store restored from an older copy lacks the save, and holds one whose folder is gone:
+    # the reconcile writes the one again from storage and forgets the other before it decides
+    # anything (its address sweep never takes a saved VM for gone).
+    from vmmgr import operations, reconcile
+    fleet.state.forget_save("sleeper")
+    fleet.state.put_save("gonesave", dict(saved, record=dict(saved["record"], vm="gonesave")))
+    assert fleet.is_suspended("sleeper")  # its folder says so where this node sees it
+    result = reconcile.reconcile(fleet, operations.LocalReport(fleet))
+    assert {"sleeper", "gonesave"} <= set(result["repaired"])
+    assert fleet.state.save_of("sleeper") == saved and fleet.state.save_of("gonesave") is None
+    listed = {v["name"]: v for v in json.loads(cli("vm", "list", "--json", check_code=0).stdout)}
+    assert listed["sleeper"]["state"] == "suspended" and "gonesave" not in listed
     frozen = ticks(paths, "sleeper")
     time.sleep(1.5)
     assert ticks(paths, "sleeper") == frozen
@@ -35,7 +51,7 @@ def test_suspend_then_resume_on_another_host_continues_exactly(make_vm, fleet, p
     assert seen[0] == 0
     assert_contiguous(seen)  # no tick lost, none repeated
     assert console.hosts_seen(consoles(paths), "sleeper") == ["host1", "host2"]
-    assert not (paths.saves / "sleeper").exists()
+    assert not (paths.saves / "sleeper").exists() and fleet.state.save_of("sleeper") is None
 
 
 def test_memory_survives_suspend_and_resume(make_vm, fleet, paths):

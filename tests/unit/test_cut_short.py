@@ -70,9 +70,29 @@ class FakeHost:
         return self.guest
 
 
+class FakeStore:
+    """The store's copy of the saves (FleetState's put_save, forget_save, save_of, saves)."""
+
+    def __init__(self):
+        self.copies = {}
+
+    def put_save(self, vm, save):
+        self.copies[vm] = save
+
+    def forget_save(self, vm):
+        self.copies.pop(vm, None)
+
+    def save_of(self, vm):
+        return self.copies.get(vm)
+
+    def saves(self):
+        return dict(self.copies)
+
+
 class FakeFleet:
     def __init__(self, tmp_path, *hosts):
         self.paths = SimpleNamespace(saves=tmp_path / "saves")
+        self.state = FakeStore()
         self._hosts = {h.name: h for h in hosts}
         self.routes = []
 
@@ -124,6 +144,8 @@ def test_a_save_libvirt_finished_after_its_worker_died_is_finished(tmp_path):
     assert (d / "image").read_bytes().startswith(DONE) and not (d / "image.partial").exists()
     assert not (d / "intent.json").exists() and guest.calls == ["undefine"]
     assert suspend.cut_short(fleet) == []
+    assert fleet.state.save_of("vm1")["state"] == "saved"  # the store's copy says so too
+    assert suspend.suspended(fleet) == [record]
 
 
 def test_a_save_that_never_completed_leaves_the_vm_running_and_no_half_image(tmp_path):
@@ -248,6 +270,7 @@ def test_a_resume_cut_short_before_the_restore_is_suspended_again(tmp_path):
     assert "had not restored it: suspended again" in suspend.recover(fleet, "vm1")
     assert (d / "record.json").exists() and (d / "image").exists()
     assert suspend.find_suspended(fleet, "vm1") is not None
+    assert fleet.state.save_of("vm1")["state"] == "saved"
 
 
 def test_a_resume_cut_short_after_the_restore_is_finished_where_the_vm_runs(tmp_path):
@@ -257,6 +280,9 @@ def test_a_resume_cut_short_after_the_restore_is_finished_where_the_vm_runs(tmp_
     d = claimed(fleet)
     assert "restored it on h2: finished" in suspend.recover(fleet, "vm1")
     assert not d.exists() and fleet.routes == [("10.78.0.5", "h2")]
+    fleet.state.put_save("vm1", {"state": "claimed"})  # a copy left behind: forgotten too
+    suspend.recover(fleet, "vm1")
+    assert fleet.state.save_of("vm1") is None
     [xml] = h2.defined  # defined for good, its console where the restored VM writes it
     assert "vm1.3.h2.log" in xml
 

@@ -133,20 +133,25 @@ def test_a_parked_job_resumes_only_when_all_of_it_fits():
     assert place_together({"h2": cap(used=256), "h3": cap(used=256)}, ranks) == ["h2", "h3"]
 
 
-def test_a_job_with_a_save_still_going_is_not_resumed_in_part(tmp_path):
-    """rank0's save ended (record), rank1's has begun (intent only): the job waits for both."""
+def test_a_job_with_a_save_still_going_is_not_resumed_in_part(tmp_path, redis_url):
+    """rank0's save ended (record), rank1's has begun (intent only): the job waits for both,
+    as the store's copy of the folders says."""
     import json
-    from vmmgr.suspend import INTENT, RECORD, saving_groups
+    from types import SimpleNamespace
+    from vmmgr.state import FleetState
+    from vmmgr.suspend import INTENT, RECORD, saving_groups, sync_record
+    fleet = SimpleNamespace(paths=SimpleNamespace(saves=tmp_path), state=FleetState(redis_url))
     for vm, done in (("rank0", True), ("rank1", False), ("solo", False)):
         d = tmp_path / vm
         d.mkdir()
         (d / INTENT).write_text(json.dumps({"vm": vm, "group": "" if vm == "solo" else "job"}))
         if done:
             (d / RECORD).write_text("{}")
-    assert saving_groups(tmp_path) == {"job"}
+        sync_record(fleet, vm)
+    assert saving_groups(fleet) == {"job"}
     (tmp_path / "rank1" / RECORD).write_text("{}")
-    assert saving_groups(tmp_path) == set()
-    assert saving_groups(tmp_path / "absent") == set()
+    sync_record(fleet, "rank1")
+    assert saving_groups(fleet) == set()
 
 
 def test_moving_a_stopped_vm_finishes_a_move_cut_short_between_define_and_undefine(mocker):
