@@ -12,7 +12,8 @@ from dataclasses import asdict
 
 import redis
 
-from . import local_disks, metrics, operations, reclaim, site_images, suspend as suspension
+from . import (local_disks, metrics, operations, reclaim, site_consoles, site_images,
+               suspend as suspension)
 from .addresses import pool_for
 from .edge import Edge
 from .errors import VmmgrError
@@ -41,6 +42,7 @@ def reconcile(fleet: Fleet, report, start=None) -> dict:
     snapshot_hosts(fleet)
     swept = sweep_local_disks(fleet, report)  # last: the records and routes come first
     swept += sweep_image_copies(fleet, report)
+    swept += site_consoles.retry_drops(fleet, report)
     swept += sweep_addresses(fleet, report, rows)
     fleet.state.write_usage_baseline()
     metrics.count(fleet.state.r, "reconcile_repairs",

@@ -16,6 +16,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 import libvirt
+import redis
 
 from . import local_disks
 from .console import CHUNK, Segment, parse
@@ -191,9 +192,10 @@ def current_segment(fleet, vm: str, host: str) -> Path:
 
 def drop_if_empty(fleet, vm: str, path: Path) -> None:
     """A move that failed before its guest ran on the target leaves the segment it made there:
-    its file is removed if it holds nothing, and its number forgotten. One that holds output,
-    or that no host of its site can tell about now, stays (readers pass an empty segment).
-    Best effort, for a failure's own handling: it never raises."""
+    its file is removed if it holds nothing, and its number forgotten. One that holds output
+    stays (readers pass an empty segment); one that no host of its site can tell about now is
+    left to the reconcile (`retry_drops`). Best effort, for a failure's own handling: it never
+    raises."""
     segment = parse(path.name)
     if segment is None or segment.vm != vm:
         return
@@ -207,7 +209,38 @@ def drop_if_empty(fleet, vm: str, path: Path) -> None:
                 vol.delete(0)
         fleet.state.forget_console_segments(vm, [segment.seq])
     except Exception:  # noqa: BLE001 - the move's own error is what its caller reports
-        return
+        try:
+            fleet.state.console_drop_pending(vm, segment.seq)
+        except Exception:  # noqa: BLE001 - (the store gone too: a numbered empty part stays)
+            pass
+
+
+def retry_drops(fleet, report) -> list[str]:
+    """The reconcile's retry of the segments failed moves could not give back (their site did
+    not answer): each, under its VM's lock, dropped if it is empty and no host defines the VM
+    writing to it. Nothing is decided while a host that may hold the VM does not answer.
+    Returns the segments given back."""
+    dropped = []
+    for vm, seq in fleet.state.console_drops():
+        host = dict(fleet.state.console_segments(vm)).get(seq)
+        if host is None:  # destroyed since, or given back by another pass
+            fleet.state.console_drop_done(vm, seq)
+            continue
+        segment = Segment(seq, vm, host)
+        try:
+            with fleet.lock_vm(vm, f"the reconcile's drop of a part of {vm}'s console"):
+                paths = [g.console_path() for g in fleet.find_all(vm, strict=True)]
+                fleet.state.console_drop_done(vm, seq)
+                if any(p is not None and p.name == segment.name for p in paths):
+                    continue  # a copy of the VM writes there: it is its console now
+                drop_if_empty(fleet, vm, fleet.paths.consoles / segment.name)
+        except (VmmgrError, redis.RedisError):
+            continue  # the VM held, or a host silent: the next pass
+        if seq not in dict(fleet.state.console_segments(vm)):
+            report.event(f"{vm}: the empty console part {segment.name} a failed move left "
+                         "is given back", vm=vm, kind="repair")
+            dropped.append(segment.name)
+    return dropped
 
 
 def remove(fleet, vm: str) -> bool:

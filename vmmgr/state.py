@@ -374,6 +374,16 @@ class FleetState:
         if seqs:
             self.r.hdel(P + "console:" + vm, *map(str, seqs))
 
+    def console_drop_pending(self, vm: str, seq: int) -> None:
+        """Segment `seq` of a failed move is to be given back once its site answers."""
+        self.r.sadd(P + "console-drops", json.dumps([vm, seq]))
+
+    def console_drop_done(self, vm: str, seq: int) -> None:
+        self.r.srem(P + "console-drops", json.dumps([vm, seq]))
+
+    def console_drops(self) -> list[tuple[str, int]]:
+        return sorted(tuple(json.loads(m)) for m in self.r.smembers(P + "console-drops"))
+
     # ---- saves (`suspend`): what each VM's save folder holds, for readers that cannot see it --
     # The folder on storage decides (a resume claims it by a rename); this is its copy, written
     # under the VM's lock after each step and by the reconcile's pass over the folders, so a

@@ -89,6 +89,14 @@ def test_moves_stay_in_their_site_and_cross_the_wan_only_when_it_is_full(lab, ma
 
         ticks_before = [int(line.split()[1]) for line in printed.split("\n")[:-1]
                         if line.startswith("tick ")]
+        # And the empty part a move to host3 left when it failed there, its QEMU having made
+        # the file: with the site silent its clean-up cannot remove it, and leaves it to the
+        # reconcile, which gives it back once the site answers (not before).
+        from vmmgr import console, operations, reconcile, site_consoles
+
+        left = site_consoles.new_segment(fleet, "mover", "host3")
+        (folders["site2"] / left.name).touch()
+        seq = console.parse(left.name).seq
         os.kill(faults.Lab3(lab, paths).libvirtd_pid("host3"), signal.SIGKILL)
         try:
             proc = cli("vm", "console", "mover")
@@ -98,8 +106,22 @@ def test_moves_stay_in_their_site_and_cross_the_wan_only_when_it_is_full(lab, ma
             part = [int(line.split()[1]) for line in proc.stdout.replace("\r", "").split("\n")
                     if line.startswith("tick ")]
             assert part and part == ticks_before[:len(part)] and len(part) < len(ticks_before)
+            site_consoles.drop_if_empty(fleet, "mover", left)  # the failed move's clean-up
+            assert ("mover", seq) in state.console_drops()
+            reconcile.reconcile(fleet, operations.LocalReport(fleet))
+            assert (folders["site2"] / left.name).exists()
+            assert ("mover", seq) in state.console_drops()
         finally:
             lab.restart_libvirtd("host3")
+        deadline = time.monotonic() + 60
+        while (folders["site2"] / left.name).exists():  # this pass, or a scheduled one
+            assert time.monotonic() < deadline, "the failed move's empty part was never removed"
+            reconcile.reconcile(fleet, operations.LocalReport(fleet))
+            time.sleep(1)
+        assert seq not in dict(state.console_segments("mover"))
+        assert state.console_drops() == []
+        assert any(f"{left.name} a failed move left is given back" in e["message"]
+                   for e in state.events(100, vm="mover"))
         assert where_defined(fleet, "mover") == ["host3"]
         # A destroy removes it on both sites, through their hosts.
         cli("vm", "destroy", "mover", check_code=0)

@@ -266,10 +266,13 @@ def test_a_read_broken_after_some_bytes_is_not_begun_again():
 
 class Forgetting:
     def __init__(self):
-        self.forgotten = []
+        self.forgotten, self.pending = [], []
 
     def forget_console_segments(self, vm, seqs):
         self.forgotten += [(vm, s) for s in seqs]
+
+    def console_drop_pending(self, vm, seq):
+        self.pending.append((vm, seq))
 
 
 def test_a_failed_moves_segment_goes_only_when_it_surely_holds_nothing():
@@ -291,6 +294,41 @@ def test_a_failed_moves_segment_goes_only_when_it_surely_holds_nothing():
     drop(fleet, "vm", Path("/storage/consoles/vm@000005-b1.log"))  # no one to ask: kept
     drop(fleet, "other", Path("/storage/consoles/vm@000006-b1.log"))  # not this VM's
     assert fleet.state.forgotten == [("vm", 2), ("vm", 4)]
+    assert fleet.state.pending == [("vm", 5)]  # for the reconcile, once its site answers
+
+
+def test_the_reconcile_gives_back_a_failed_moves_segment_once_its_site_answers(redis_url,
+                                                                               mocker):
+    from vmmgr.locks import Lease
+    from vmmgr.state import FleetState
+    empty, live, written = Vol(b""), Vol(b""), Vol(b"booting")
+    fleet = Site({"a1": "east", "b1": "west"},
+                 {"east": {"vm@000001-a1.log": live},
+                  "west": {"vm@000002-b1.log": empty, "vm@000003-b1.log": written}},
+                 silent={"b1"})
+    fleet.paths.consoles = Path("/storage/consoles")
+    fleet.state = state = FleetState(redis_url)
+    fleet.lock_vm = lambda vm, what: Lease(state, "vm", vm, "reconcile", what)
+    running = mocker.Mock(**{"console_path.return_value": Path("/x/vm@000001-a1.log")})
+    fleet.find_all = lambda vm, strict: [running]
+    for seq, host in ((1, "a1"), (2, "b1"), (3, "b1")):
+        state.add_console_segment("vm", seq, host)
+    for seq in (2, 3):
+        site_consoles.drop_if_empty(fleet, "vm", Path(f"/c/vm@{seq:06d}-b1.log"))
+    assert state.console_drops() == [("vm", 2), ("vm", 3)]  # west is silent
+    state.console_drop_pending("vm", 1)  # the segment the VM writes (marked by a defect)
+    state.console_drop_pending("gone", 7)  # destroyed since: its number is no more
+    report = mocker.Mock()
+    with Lease(state, "vm", "vm", "a migration", "migration of vm"):  # held: not now
+        assert site_consoles.retry_drops(fleet, report) == []
+    assert ("vm", 2) in state.console_drops() and ("gone", 7) not in state.console_drops()
+    assert site_consoles.retry_drops(fleet, report) == []  # west still silent: nothing decided
+    fleet.silent = set()
+    assert site_consoles.retry_drops(fleet, report) == ["vm@000002-b1.log"]
+    assert getattr(empty, "deleted", False) and not getattr(written, "deleted", False)
+    assert not getattr(live, "deleted", False)  # the VM writes there
+    assert state.console_segments("vm") == [(1, "a1"), (3, "b1")] and state.console_drops() == []
+    report.event.assert_called_once()
 
 
 def test_a_missing_segment_is_not_looked_for_again_at_once():
