@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.lab.test_engine import CutInPostcopy, dirtier_lines  # noqa: E402  (the guest's own verdicts)
 from vmmgr import console, operations, suspend, workloads  # noqa: E402
-from vmmgr.errors import MigrationFailed, VmmgrError  # noqa: E402
+from vmmgr.errors import Conflict, MigrationFailed, VmmgrError  # noqa: E402
 from vmmgr.fleet import Fleet  # noqa: E402
 from vmmgr.images import ensure_builtin  # noqa: E402
 from vmmgr.lab import LAB_GPU_MODEL, SUBNET, Lab  # noqa: E402
@@ -564,15 +564,37 @@ def create(fleet: Fleet, paths, image, vms=(DIRTY, COUNT)) -> None:
     for name in vms:
         workload, memory, params, gpu = specs[name]
         if fleet.find(name) or fleet.is_suspended(name):
-            fleet.destroy(name)
-        fleet.create(make_spec(name, memory_mib=memory, vcpus=1, kernel=image.kernel,
-                               initrd=image.initrd, cmdline=workloads.cmdline(workload, params),
-                               image_root=paths.images, workload=workload, gpu_model=gpu,
-                               gpu_count=1 if gpu else 0), "host1")
+            destroy(fleet, name)
+        spec = make_spec(name, memory_mib=memory, vcpus=1, kernel=image.kernel,
+                         initrd=image.initrd, cmdline=workloads.cmdline(workload, params),
+                         image_root=paths.images, workload=workload, gpu_model=gpu,
+                         gpu_count=1 if gpu else 0)
+        when_free(lambda: fleet.create(spec, "host1"))
     time.sleep(8)  # booted, the dirtier past its first passes
     if GPU in vms:
         wait(lambda: "state='connected'" in fleet.locate(GPU).xml(), 60,
              "the guest agent never connected")
+
+
+def destroy(fleet: Fleet, vm: str) -> None:
+    """As `vm destroy` does (`operations.destroy`): its record goes with it. A record left
+    behind has a scheduled reconcile take the VM's lock to check it, and the next run's create
+    of the same name would find the VM busy."""
+    when_free(lambda: fleet.destroy(vm))
+    fleet.state.forget_vm(vm)
+
+
+def when_free(call, timeout: float = 30):
+    """`call`, again while the VM's lock is held by something brief (a scheduled reconcile's
+    check): a user would retry a "busy" refusal the same way."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except Conflict as err:
+            if "is busy" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def run_faults(c: Lab3, image, names: list[str], runs: int) -> list[dict]:
@@ -604,7 +626,7 @@ def run_faults(c: Lab3, image, names: list[str], runs: int) -> list[dict]:
             with Fleet(c.paths) as fleet:
                 for v in struck:
                     if fleet.find(v) or fleet.is_suspended(v):
-                        fleet.destroy(v)
+                        destroy(fleet, v)
                 if fleet.host("host1").record.state != "active":  # a reclaim emptied it
                     c.cli("host", "enable", "host1")
     return rows
@@ -639,8 +661,8 @@ def soak(c: Lab3, image, moves: int) -> dict:
                     failures.append(f"memory check after move {i} failed")
             if i % 25 == 0:
                 print(f"soak: {i} moves, {len(failures)} failures", flush=True)
-        fleet.destroy(DIRTY)
-        fleet.destroy(COUNT)
+        destroy(fleet, DIRTY)
+        destroy(fleet, COUNT)
     done = sorted(b for b in blackouts if b is not None)
     return {"moves": moves, "failures": failures, "memory_checks": checks,
             "blackout_ms": {"p50": statistics.median(done) if done else None,

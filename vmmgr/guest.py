@@ -8,7 +8,7 @@ import libvirt
 from . import devices
 from .errors import NotFound
 from .libvirt_errors import translated
-from .render import group_of, workload_of
+from .render import console_path_of, group_of, workload_of
 
 _STATES = {
     libvirt.VIR_DOMAIN_NOSTATE: "nostate",
@@ -104,8 +104,7 @@ class Guest:
             return self._dom.XMLDesc(flags)
 
     def console_path(self) -> Path | None:
-        source = ET.fromstring(self.xml()).find("./devices/serial/source")
-        return Path(source.get("path")) if source is not None and source.get("path") else None
+        return console_path_of(self.xml())
 
     def workload(self) -> str:
         return workload_of(self.xml())

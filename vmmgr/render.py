@@ -62,6 +62,12 @@ def group_of(xml: str) -> str:
     return (el.text or "") if el is not None else ""
 
 
+def console_path_of(xml: str) -> Path | None:
+    """Where the domain's serial console writes (None: nowhere vmmgr named)."""
+    source = ET.fromstring(xml).find("./devices/serial/source")
+    return Path(source.get("path")) if source is not None and source.get("path") else None
+
+
 def set_console_path(xml: str, path: Path) -> str:
     """The same domain XML with its serial console (and the console that mirrors it) at `path`."""
     ET.register_namespace("vmmgr", XMLNS)

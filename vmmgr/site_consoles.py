@@ -22,6 +22,7 @@ from . import local_disks
 from .console import CHUNK, Segment, parse
 from .errors import HostUnreachable, VmmgrError
 from .libvirt_errors import translated
+from .render import console_path_of
 
 POOL = "vmmgr-consoles"
 
@@ -199,15 +200,8 @@ def drop_if_empty(fleet, vm: str, path: Path) -> None:
     segment = parse(path.name)
     if segment is None or segment.vm != vm:
         return
-    consoles = FleetConsoles(fleet)
     try:
-        vol = consoles._volume(segment)
-        if vol is not None:
-            if consoles.size(segment) > 0:
-                return
-            with translated(f"the console of {vm}"):
-                vol.delete(0)
-        fleet.state.forget_console_segments(vm, [segment.seq])
+        _give_back(fleet, segment)
     except Exception:  # noqa: BLE001 - the move's own error is what its caller reports
         try:
             fleet.state.console_drop_pending(vm, segment.seq)
@@ -215,32 +209,57 @@ def drop_if_empty(fleet, vm: str, path: Path) -> None:
             pass
 
 
+def _give_back(fleet, segment: Segment) -> bool:
+    """Remove the segment's file through a host of its site and forget its number, if it holds
+    nothing (True); False where it holds output. Raises where no host of its site can tell."""
+    consoles = FleetConsoles(fleet)
+    vol = consoles._volume(segment)
+    if vol is not None:
+        if consoles.size(segment) > 0:
+            return False
+        with translated(f"the console of {segment.vm}"):
+            vol.delete(0)
+    fleet.state.forget_console_segments(segment.vm, [segment.seq])
+    return True
+
+
 def retry_drops(fleet, report) -> list[str]:
     """The reconcile's retry of the segments failed moves could not give back (their site did
-    not answer): each, under its VM's lock, dropped if it is empty and no host defines the VM
-    writing to it. Nothing is decided while a host that may hold the VM does not answer.
-    Returns the segments given back."""
+    not answer): each, under its VM's lock, given back if it is empty and no host defines the
+    VM writing to it (running or at its next boot). Nothing is decided while a host that may
+    hold the VM does not answer; a mark is cleared only once decided. Returns the segments
+    given back."""
+    try:
+        marked = fleet.state.console_drops()
+    except redis.RedisError:
+        return []  # the store away: the next pass
     dropped = []
-    for vm, seq in fleet.state.console_drops():
-        host = dict(fleet.state.console_segments(vm)).get(seq)
-        if host is None:  # destroyed since, or given back by another pass
-            fleet.state.console_drop_done(vm, seq)
-            continue
-        segment = Segment(seq, vm, host)
+    for vm, seq in marked:
         try:
             with fleet.lock_vm(vm, f"the reconcile's drop of a part of {vm}'s console"):
-                paths = [g.console_path() for g in fleet.find_all(vm, strict=True)]
-                fleet.state.console_drop_done(vm, seq)
-                if any(p is not None and p.name == segment.name for p in paths):
-                    continue  # a copy of the VM writes there: it is its console now
-                drop_if_empty(fleet, vm, fleet.paths.consoles / segment.name)
+                host = dict(fleet.state.console_segments(vm)).get(seq)
+                segment = Segment(seq, vm, host or "")
+                given = host is not None and not any(
+                    _writes_to(g, segment.name) for g in fleet.find_all(vm, strict=True)
+                ) and _give_back(fleet, segment)
+                fleet.state.console_drop_done(vm, seq)  # destroyed since, in use, or decided
         except (VmmgrError, redis.RedisError):
-            continue  # the VM held, or a host silent: the next pass
-        if seq not in dict(fleet.state.console_segments(vm)):
+            continue  # the VM held, or a host (or the store) silent: the next pass
+        except Exception as err:  # noqa: BLE001 - one VM's surprise must not end the pass
+            report.event(f"{vm}: a part of its console not given back: {err}", vm=vm,
+                         kind="error")
+            continue
+        if given:
             report.event(f"{vm}: the empty console part {segment.name} a failed move left "
                          "is given back", vm=vm, kind="repair")
             dropped.append(segment.name)
     return dropped
+
+
+def _writes_to(guest, name: str) -> bool:
+    """Whether the guest's console is the segment `name`, now or at its next boot."""
+    xmls = [guest.xml()] + ([guest.xml(inactive=True)] if guest.is_persistent() else [])
+    return any((p := console_path_of(x)) is not None and p.name == name for x in xmls)
 
 
 def remove(fleet, vm: str) -> bool:

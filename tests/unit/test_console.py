@@ -309,14 +309,19 @@ def test_the_reconcile_gives_back_a_failed_moves_segment_once_its_site_answers(r
     fleet.paths.consoles = Path("/storage/consoles")
     fleet.state = state = FleetState(redis_url)
     fleet.lock_vm = lambda vm, what: Lease(state, "vm", vm, "reconcile", what)
-    running = mocker.Mock(**{"console_path.return_value": Path("/x/vm@000001-a1.log")})
+    serial = "<domain><devices><serial type='file'><source path='/x/{}'/></serial></devices></domain>"
+    running = mocker.Mock(**{"is_persistent.return_value": True})  # writes 1; next boot: 4
+    running.xml.side_effect = lambda inactive=False: serial.format(
+        "vm@000004-a1.log" if inactive else "vm@000001-a1.log")
     fleet.find_all = lambda vm, strict: [running]
-    for seq, host in ((1, "a1"), (2, "b1"), (3, "b1")):
+    fleet.pools["a1"].files["vm@000004-a1.log"] = next_boot = Vol(b"")
+    for seq, host in ((1, "a1"), (2, "b1"), (3, "b1"), (4, "a1")):
         state.add_console_segment("vm", seq, host)
     for seq in (2, 3):
         site_consoles.drop_if_empty(fleet, "vm", Path(f"/c/vm@{seq:06d}-b1.log"))
     assert state.console_drops() == [("vm", 2), ("vm", 3)]  # west is silent
-    state.console_drop_pending("vm", 1)  # the segment the VM writes (marked by a defect)
+    state.console_drop_pending("vm", 1)  # segments the VM writes (marked by a defect)
+    state.console_drop_pending("vm", 4)
     state.console_drop_pending("gone", 7)  # destroyed since: its number is no more
     report = mocker.Mock()
     with Lease(state, "vm", "vm", "a migration", "migration of vm"):  # held: not now
@@ -327,7 +332,9 @@ def test_the_reconcile_gives_back_a_failed_moves_segment_once_its_site_answers(r
     assert site_consoles.retry_drops(fleet, report) == ["vm@000002-b1.log"]
     assert getattr(empty, "deleted", False) and not getattr(written, "deleted", False)
     assert not getattr(live, "deleted", False)  # the VM writes there
-    assert state.console_segments("vm") == [(1, "a1"), (3, "b1")] and state.console_drops() == []
+    assert not getattr(next_boot, "deleted", False)  # and will, once booted again
+    assert state.console_segments("vm") == [(1, "a1"), (3, "b1"), (4, "a1")]
+    assert state.console_drops() == []
     report.event.assert_called_once()
 
 
