@@ -236,12 +236,13 @@ def enable(fleet: Fleet, host: str, report) -> list[str]:
     return resume_parked(fleet, report)
 
 
-def resume_parked(fleet: Fleet, report) -> list[str]:
+def resume_parked(fleet: Fleet, report, synced: bool = False) -> list[str]:
     """Resume parked VMs, oldest first, on active hosts with room; the rest stay parked. A job's
     parked VMs (`group`) resume together, only when there is room for all of them. Each resume
     takes the VM's lock: another node resuming the same VM at once is refused."""
     resumed = []
-    suspend.sync_records(fleet, report)  # a job's member whose copy the store lacks is waited for
+    if not synced:  # (the reconcile's pass has just done it)
+        suspend.sync_records(fleet, report)  # a job's member the store lacks is waited for
     waiting = [r for r in suspend.suspended(fleet) if r.parked]  # an operator's wait for them
     saving = suspend.saving_groups(fleet)  # a job with a save still going waits
     jobs: dict[str, list] = {}

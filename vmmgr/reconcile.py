@@ -26,14 +26,11 @@ def reconcile(fleet: Fleet, report, start=None) -> dict:
     """One pass. `start(vm)`, when given, starts a post-copy recovery elsewhere (the
     task API queues it as the VM's own task); without it the pass runs each one itself."""
     copied = suspension.sync_records(fleet, report)  # first: what follows reads the saves there
-    for vm in copied:
-        report.event(f"{vm}: the store's copy of its save written again from storage", vm=vm,
-                     kind="repair")
     recovered = recover_cut_short(fleet, report)
     postcopies = resume_postcopies(fleet, report, start)
     if start is None:
         recovered += postcopies
-    resumed = reclaim.resume_parked(fleet, report)
+    resumed = reclaim.resume_parked(fleet, report, synced=True)
     rows = fleet.refresh_view()  # what libvirt and the storage say now (one pass over hosts)
     repaired = copied + repair_records(fleet, report, rows)
     repaired += repair_addresses(fleet, report, rows)

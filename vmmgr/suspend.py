@@ -26,8 +26,6 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import redis
-
 from . import console, devices, local_disks, os_images, site_consoles, site_images
 from .errors import (Conflict, HibernationFailed, HostUnreachable, InvalidRequest, NotFound,
                      VmmgrError)
@@ -168,8 +166,8 @@ def sync_records(fleet: Fleet, report=None) -> list[str]:
     """The reconcile's pass: every save folder whose copy in the store differs (a worker killed
     between a step and its write, a store restored from an old copy), and every copy whose
     folder is gone, written again under the VM's lock. A VM an operation holds is left to it:
-    it writes its own when it ends. Returns the VMs whose copy changed; nothing on a node that
-    does not see the storage."""
+    it writes its own when it ends. Returns the VMs whose copy changed (each an event); nothing
+    on a node that does not see the storage."""
     root = fleet.paths.saves
     if not root.is_dir():
         return []
@@ -192,6 +190,9 @@ def sync_records(fleet: Fleet, report=None) -> list[str]:
                              kind="error")
             continue
         changed.append(vm)
+        if report is not None:
+            report.event(f"{vm}: the store's copy of its save written again from storage",
+                         vm=vm, kind="repair")
     return changed
 
 
