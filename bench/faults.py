@@ -520,9 +520,11 @@ def verdict(c: Lab3, vm: str) -> dict:
     t0 = time.monotonic()
 
     def agrees() -> bool:
-        rec = c.state.vm(vm)
+        # the VM's record, and the store's copy of its save (none once it runs again)
+        rec, save = c.state.vm(vm), c.state.save_of(vm)
         return (rec.get("state"), rec.get("host", "")) == (
-            ("running", host) if host else ("suspended", ""))
+            ("running", host) if host else ("suspended", "")) and (
+            save is None if host else save is not None and save["state"] == "saved")
     try:
         wait(agrees, 30, "records")
         out["record_agrees_s"] = round(time.monotonic() - t0, 1)
