@@ -14,6 +14,8 @@ matches an IP only against an IP SAN). One certificate per host serves as server
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import jinja2
@@ -82,15 +84,18 @@ class LabPKI:
                      "-addext", "keyUsage=critical,keyCertSign,cRLSign")
             self.ca_key.chmod(0o600)
         if not (self.client_dir / "clientcert.pem").exists():
-            cert, key = self._issue("control", None)
             self.client_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            shutil.copy(self.ca_cert, self.client_dir / "cacert.pem")
-            shutil.move(cert, self.client_dir / "clientcert.pem")
-            shutil.move(key, self.client_dir / "clientkey.pem")
+            with self._issue("control", None) as (cert, key):
+                shutil.copy(self.ca_cert, self.client_dir / "cacert.pem")
+                shutil.copy(cert, self.client_dir / "clientcert.pem")
+                shutil.copy(key, self.client_dir / "clientkey.pem")
 
     def install_host(self, etc_pki: Path, name: str, ip: str) -> None:
         """The files the kvm_host role installs under /etc/pki, for host `name` at `ip`."""
-        cert, key = self._issue(name, ip)
+        with self._issue(name, ip) as (cert, key):
+            self._install(etc_pki, cert, key)
+
+    def _install(self, etc_pki: Path, cert: Path, key: Path) -> None:
         layout = {
             "CA/cacert.pem": self.ca_cert,
             "libvirt/servercert.pem": cert, "libvirt/private/serverkey.pem": key,
@@ -105,11 +110,15 @@ class LabPKI:
             shutil.copy(src, dst)
             dst.chmod(0o600 if "key" in dst.name else 0o644)
         (etc_pki / "libvirt" / "private").chmod(0o700)
-        shutil.rmtree(cert.parent, ignore_errors=True)
 
-    def _issue(self, name: str, ip: str | None) -> tuple[Path, Path]:
-        """A key and a certificate for `name` (with `ip` as its SAN), in a scratch folder."""
-        scratch = Path(tempfile.mkdtemp(prefix="vmmgr-pki-"))
+    @contextmanager
+    def _issue(self, name: str, ip: str | None) -> Iterator[tuple[Path, Path]]:
+        """A key and a certificate for `name` (with `ip` as its SAN), in a scratch folder that
+        goes when the caller is done with them, whatever happens."""
+        with tempfile.TemporaryDirectory(prefix="vmmgr-pki-") as tmp:
+            yield self._sign(Path(tmp), name, ip)
+
+    def _sign(self, scratch: Path, name: str, ip: str | None) -> tuple[Path, Path]:
         key, csr, cert = scratch / "key.pem", scratch / "req.csr", scratch / "cert.pem"
         ext = scratch / "ext.cnf"
         lines = ["basicConstraints=critical,CA:FALSE",
