@@ -15,6 +15,7 @@ are pure functions; `run` carries them out through the operator's requests (`sub
 sends them through the task API).
 """
 
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -126,6 +127,7 @@ class TrainingDemo:
         self.paths, self.submit, self.echo = paths, submit, echo
         self.local_disk = local_disk  # each VM's disk on its host's own storage
         self.prefix = list(ssh_prefix)
+        self._own_workdir = workdir is None  # a scratch folder for the SSH key: removed after
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="vmmgr-training-"))
         self.key = self.workdir / "id_ed25519"
         self.report = TrainingReport()
@@ -350,6 +352,8 @@ class TrainingDemo:
                 self.echo(f"   could not destroy {vm}: {err}")
         for host in list(self._reclaimed):
             self._enable(host)
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def write_plot(report: TrainingReport, path: Path) -> Path:

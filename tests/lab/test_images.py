@@ -5,7 +5,9 @@ nothing they wrote lost; the training demo, shortened."""
 
 import json
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -257,6 +259,7 @@ def test_the_training_demo_moved_four_times_ends_with_bit_identical_losses(
     an SSH session following the log throughout; their losses equal, bit for bit, those of a
     pair that never moved. Nothing is left behind, on storage or on any host's own."""
     plot = tmp_path / "losses.png"
+    scratch = set(Path(tempfile.gettempdir()).glob("vmmgr-training-*"))
     proc = subprocess.run([VMMGR, "demo", "training", "--moves", "4", "--steps", "250",
                            "--sites", "3", "--local-disk", "--plot", str(plot)],
                           capture_output=True, text=True, timeout=1800)
@@ -277,6 +280,7 @@ def test_the_training_demo_moved_four_times_ends_with_bit_identical_losses(
     hosts = json.loads(cli("host", "list", "--json").stdout)
     assert {h["state"] for h in hosts} == {"active"}, hosts
     assert {h["site"] for h in hosts} == {""}, hosts  # the lab's one site again
+    assert set(Path(tempfile.gettempdir()).glob("vmmgr-training-*")) == scratch  # its SSH key
 
 
 def test_a_vm_from_the_image_with_a_device_moves_by_hibernating_into_its_own_kernel(
