@@ -2,6 +2,7 @@
 every operation, as an admin, against a private Redis and an empty inventory. No 500s, and every
 response matches what the document promises (status, content type, schema)."""
 
+import atexit
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,6 +20,7 @@ from webui import create_app
 # schemathesis reads the document when the module loads, so the app exists before any fixture;
 # its state directory is filled (Redis URL, admin token) by the fixture below.
 HOME = Paths(Path(tempfile.mkdtemp(prefix="vmmgr-openapi-")))
+atexit.register(shutil.rmtree, HOME.home, True)  # also where no test here runs (a -k, a crash)
 schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", create_app(HOME, TESTING=True))
 
 
