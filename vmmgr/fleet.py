@@ -10,6 +10,7 @@ import socket
 import subprocess
 import threading
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from dataclasses import dataclass, replace
 
@@ -123,13 +124,18 @@ class Fleet:
         """host -> its site ("" where none is named)."""
         return {r.name: r.site for r in self.inventory.records()}
 
-    def find_all(self, vm: str, strict: bool = False) -> list[Guest]:
-        """Every host's copy of the VM: one, or two while it migrates. A host that does not
-        answer is skipped, unless `strict` (deciding that a VM exists nowhere): then it raises
-        HostUnreachable, as it may hold the VM. A reclaimed host was emptied: it holds none."""
+    def find_all(self, vm: str, strict: bool = False,
+                 among: Iterable[str] | None = None) -> list[Guest]:
+        """Every host's copy of the VM (or only those of the hosts named `among`): one, or two
+        while it migrates. A host that does not answer is skipped, unless `strict` (deciding
+        that a VM exists nowhere): then it raises HostUnreachable, as it may hold the VM. A
+        reclaimed host was emptied: it holds none."""
         validate_name(vm)
         found = []
         hosts = self.hosts()
+        if among is not None:
+            names = set(among)
+            hosts = [h for h in hosts if h.name in names]
         connect_all(hosts)
         for host in hosts:
             try:

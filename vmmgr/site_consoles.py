@@ -225,10 +225,11 @@ def _give_back(fleet, segment: Segment) -> bool:
 
 def retry_drops(fleet, report) -> list[str]:
     """The reconcile's retry of the segments failed moves could not give back (their site did
-    not answer): each, under its VM's lock, given back if it is empty and no host defines the
-    VM writing to it (running or at its next boot). Nothing is decided while a host that may
-    hold the VM does not answer; a mark is cleared only once decided. Returns the segments
-    given back."""
+    not answer): each, under its VM's lock, given back if it is empty and no host of its site
+    defines the VM writing to it (running or at its next boot; no other site's QEMU can write
+    that file). Nothing is decided while a host of its site does not answer, and the lock is
+    taken only once they all have: a silent host holds the mark, never the VM. A mark is
+    cleared only once decided. Returns the segments given back."""
     try:
         marked = fleet.state.console_drops()
     except redis.RedisError:
@@ -236,12 +237,14 @@ def retry_drops(fleet, report) -> list[str]:
     dropped = []
     for vm, seq in marked:
         try:
+            host = dict(fleet.state.console_segments(vm)).get(seq)
+            if host is not None:
+                _in_use(fleet, Segment(seq, vm, host))  # every host of its site answers
             with fleet.lock_vm(vm, f"the reconcile's drop of a part of {vm}'s console"):
                 host = dict(fleet.state.console_segments(vm)).get(seq)
                 segment = Segment(seq, vm, host or "")
-                given = host is not None and not any(
-                    _writes_to(g, segment.name) for g in fleet.find_all(vm, strict=True)
-                ) and _give_back(fleet, segment)
+                given = (host is not None and not _in_use(fleet, segment)
+                         and _give_back(fleet, segment))
                 fleet.state.console_drop_done(vm, seq)  # destroyed since, in use, or decided
         except (VmmgrError, redis.RedisError):
             continue  # the VM held, or a host (or the store) silent: the next pass
@@ -254,6 +257,13 @@ def retry_drops(fleet, report) -> list[str]:
                          "is given back", vm=vm, kind="repair")
             dropped.append(segment.name)
     return dropped
+
+
+def _in_use(fleet, segment: Segment) -> bool:
+    """Whether a copy of the VM on a host that shares the segment's storage writes to it;
+    HostUnreachable where one of those hosts does not answer (it may)."""
+    guests = fleet.find_all(segment.vm, strict=True, among=readers(fleet, segment.host))
+    return any(_writes_to(g, segment.name) for g in guests)
 
 
 def _writes_to(guest, name: str) -> bool:

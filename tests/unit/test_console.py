@@ -308,12 +308,19 @@ def test_the_reconcile_gives_back_a_failed_moves_segment_once_its_site_answers(r
                  silent={"b1"})
     fleet.paths.consoles = Path("/storage/consoles")
     fleet.state = state = FleetState(redis_url)
-    fleet.lock_vm = lambda vm, what: Lease(state, "vm", vm, "reconcile", what)
+    locks = []  # the VMs whose lock the reconcile asked for
+    fleet.lock_vm = lambda vm, what: locks.append(vm) or Lease(state, "vm", vm, "reconcile",
+                                                               what)
     serial = "<domain><devices><serial type='file'><source path='/x/{}'/></serial></devices></domain>"
     running = mocker.Mock(**{"is_persistent.return_value": True})  # writes 1; next boot: 4
     running.xml.side_effect = lambda inactive=False: serial.format(
         "vm@000004-a1.log" if inactive else "vm@000001-a1.log")
-    fleet.find_all = lambda vm, strict: [running]
+
+    def find_all(vm, strict, among):  # the VM runs on a1; a silent host may hold it too
+        if strict and set(among) & fleet.silent:
+            raise HostUnreachable("silent")
+        return [running] if "a1" in among else []
+    fleet.find_all = find_all
     fleet.pools["a1"].files["vm@000004-a1.log"] = next_boot = Vol(b"")
     for seq, host in ((1, "a1"), (2, "b1"), (3, "b1"), (4, "a1")):
         state.add_console_segment("vm", seq, host)
@@ -327,8 +334,11 @@ def test_the_reconcile_gives_back_a_failed_moves_segment_once_its_site_answers(r
     with Lease(state, "vm", "vm", "a migration", "migration of vm"):  # held: not now
         assert site_consoles.retry_drops(fleet, report) == []
     assert ("vm", 2) in state.console_drops() and ("gone", 7) not in state.console_drops()
+    del locks[:]
     assert site_consoles.retry_drops(fleet, report) == []  # west still silent: nothing decided
-    fleet.silent = set()
+    assert locks == ["vm", "vm"]  # 1 and 4 decided (kept); west's parts never took the lock
+    assert state.console_drops() == [("vm", 2), ("vm", 3)]
+    fleet.silent = {"a1"}  # another site's silence holds nothing: its QEMU cannot write there
     assert site_consoles.retry_drops(fleet, report) == ["vm@000002-b1.log"]
     assert getattr(empty, "deleted", False) and not getattr(written, "deleted", False)
     assert not getattr(live, "deleted", False)  # the VM writes there
