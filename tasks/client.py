@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from celery.states import READY_STATES
 
-from vmmgr import audit
+from vmmgr import audit, locks
 from vmmgr.errors import VmmgrError
 from vmmgr.migration import JobProgress
 from vmmgr.paths import Paths
@@ -31,7 +31,8 @@ def submit(paths: Paths, op: str, kwargs: dict, queue: str, lock: LockSpec | Non
     actor = actor or audit.cli_actor()
     if lock:
         try:
-            fleet_state.acquire(lock.kind, lock.name, task_id, lock.what, QUEUED_LOCK_TTL)
+            locks.acquire(fleet_state, lock.kind, lock.name, task_id, lock.what,
+                          QUEUED_LOCK_TTL)  # past a brief reconcile check, not a refusal
         except VmmgrError as err:
             audit.record(fleet_state.r, actor, op, audit.target_of(kwargs), kwargs,
                          f"refused: {err}")

@@ -3,7 +3,9 @@ changes the VM: the same lock whichever node, process or task runs it.
 
 A lock is a lease: taken in an owner's name (a task's id, or a one-off id for a command run in
 this process), kept alive by a thread, given back at the end; if its process dies the lease
-expires. A second operation on the same VM is refused at once and told what holds it. The same
+expires. A second operation on the same VM is refused at once and told what holds it, unless
+what holds it is one of the reconcile's brief checks (`HOUSEKEEPING`): that is waited for, up to
+`HOUSEKEEPING_WAIT`, as a request must not be refused for housekeeping it cannot see. The same
 owner may take it again: a task takes over the lock its submitter took in its name (or that a
 dead earlier run of it left), and gives it back at the end. Inside one process a lease the same
 owner already holds there nests (an operation's body under its task's run): only the outermost
@@ -23,6 +25,10 @@ from .errors import Conflict
 
 LEASE_TTL = 30  # s a dead holder keeps a lock; renewed every third of it
 WAIT_POLL = 0.05
+# How the reconcile names a brief check it makes under a VM's lock (a record, an address, a
+# stray disk, a save's copy): never an operation on the VM, over in well under a second.
+HOUSEKEEPING = "the reconcile's "
+HOUSEKEEPING_WAIT = 15.0  # s a request waits for such a check before it is refused as busy
 
 _held: dict[tuple[str, str, str], int] = {}  # (kind, name, owner) -> leases held in this process
 _held_lock = threading.Lock()
@@ -30,6 +36,25 @@ _held_lock = threading.Lock()
 
 class LockLost(Conflict):
     """The operation's lock expired or passed to another owner: it stopped acting."""
+
+
+def acquire(state, kind: str, name: str, owner: str, what: str, ttl: int,
+            wait: float = 0) -> None:
+    """Take the lock for `owner`, waiting up to `wait` s for whatever holds it, and up to
+    `HOUSEKEEPING_WAIT` for one of the reconcile's brief checks; else Conflict, saying what
+    holds it."""
+    patient = not what.startswith(HOUSEKEEPING)  # the reconcile skips a held VM, comes back
+    start = time.monotonic()
+    while True:
+        try:
+            return state.acquire(kind, name, owner, what, ttl)
+        except Conflict:
+            waited = time.monotonic() - start
+            holder = state.holder(kind, name)
+            brief = holder is None or holder.partition(" ")[2].startswith(HOUSEKEEPING)
+            if waited >= wait and not (patient and brief and waited < HOUSEKEEPING_WAIT):
+                raise
+            time.sleep(WAIT_POLL)
 
 
 class Lease:
@@ -52,15 +77,7 @@ class Lease:
         if self.nested:
             self._beat.start()  # to notice a loss; the outer lease keeps it
             return self
-        deadline = time.monotonic() + self.wait
-        while True:
-            try:
-                self.state.acquire(self.kind, self.name, self.owner, self.what, self.ttl)
-                break
-            except Conflict:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(WAIT_POLL)
+        acquire(self.state, self.kind, self.name, self.owner, self.what, self.ttl, self.wait)
         with _held_lock:
             _held[key] = _held.get(key, 0) + 1
         self._beat.start()

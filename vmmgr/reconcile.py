@@ -19,6 +19,7 @@ from .edge import Edge
 from .errors import VmmgrError
 from .fleet import Fleet
 from .guest import read_each
+from .locks import HOUSEKEEPING
 from .render import address_of
 
 
@@ -117,7 +118,7 @@ def sweep_local_disks(fleet: Fleet, report) -> list[str]:
         try:
             if fleet.state.holder("vm", vm):
                 continue  # an operation moves it, and its disk with it
-            with fleet.lock_vm(vm, f"sweep of {vm}'s stray local disks") as lease:
+            with fleet.lock_vm(vm, f"{HOUSEKEEPING}sweep of {vm}'s stray local disks") as lease:
                 removed = fleet.tidy_local_disks(vm, strict=True, check=lease.check)
         except VmmgrError:
             continue  # taken meanwhile, or a host stopped answering: the next pass
@@ -174,7 +175,7 @@ def sweep_addresses(fleet: Fleet, report, rows: list[dict]) -> list[str]:
                 or fleet.leftovers(vm):
             continue
         try:
-            with fleet.lock_vm(vm, f"sweep of {vm}'s address"):
+            with fleet.lock_vm(vm, f"{HOUSEKEEPING}sweep of {vm}'s address"):
                 if (fleet.find_all(vm, strict=True) or fleet.is_suspended(vm)
                         or fleet.leftovers(vm) or pool.address_of(vm) != ip):
                     continue  # created, saved or freed since the rows were read
@@ -218,7 +219,7 @@ def repair_records(fleet: Fleet, report, rows: list[dict]) -> list[str]:
             # Asked again, every host, under the VM's lock: a VM created or resumed since the
             # rows were read, or held by a host that does not answer, keeps its record (its
             # spec, its usage).
-            with fleet.lock_vm(vm, f"the reconcile's check of {vm}'s record"):
+            with fleet.lock_vm(vm, f"{HOUSEKEEPING}check of {vm}'s record"):
                 if fleet.find_all(vm, strict=True) or fleet.is_suspended(vm):
                     continue
                 state.forget_vm(vm)
@@ -245,7 +246,7 @@ def repair_addresses(fleet: Fleet, report, rows: list[dict]) -> list[str]:
         if not ip or vm in holds or not pool.contains(ip):
             continue  # no address, or one recorded for it already: the store's stands
         try:
-            with fleet.lock_vm(vm, f"record of {vm}'s address"):
+            with fleet.lock_vm(vm, f"{HOUSEKEEPING}record of {vm}'s address"):
                 if _defined_address(fleet, vm) != ip or pool.address_of(vm):
                     continue  # changed since the rows were read
                 holder = pool.claim(ip, vm)
@@ -332,7 +333,8 @@ def release_stale_holds(fleet: Fleet, report) -> list[str]:
                 # Under the VM's lock: a move that started since `held` was read must not lose
                 # the hold it just took. A locked VM may be switching over: its move releases,
                 # or its lock lapses and a later pass does.
-                with fleet.lock_vm(vm, f"release of the packets the edge holds for {vm}"):
+                with fleet.lock_vm(vm, f"{HOUSEKEEPING}release of the packets the edge "
+                                   f"holds for {vm}"):
                     edge.release(ip)
             else:
                 edge.release(ip)

@@ -22,6 +22,7 @@ from . import local_disks
 from .console import CHUNK, Segment, parse
 from .errors import HostUnreachable, VmmgrError
 from .libvirt_errors import translated
+from .locks import HOUSEKEEPING
 from .render import console_path_of
 
 POOL = "vmmgr-consoles"
@@ -240,7 +241,7 @@ def retry_drops(fleet, report) -> list[str]:
             host = dict(fleet.state.console_segments(vm)).get(seq)
             if host is not None:
                 _in_use(fleet, Segment(seq, vm, host))  # every host of its site answers
-            with fleet.lock_vm(vm, f"the reconcile's drop of a part of {vm}'s console"):
+            with fleet.lock_vm(vm, f"{HOUSEKEEPING}drop of a part of {vm}'s console"):
                 host = dict(fleet.state.console_segments(vm)).get(seq)
                 segment = Segment(seq, vm, host or "")
                 given = (host is not None and not _in_use(fleet, segment)

@@ -30,6 +30,7 @@ from . import console, devices, local_disks, os_images, site_consoles, site_imag
 from .errors import (Conflict, HibernationFailed, HostUnreachable, InvalidRequest, NotFound,
                      VmmgrError)
 from .fleet import Fleet, require_active
+from .locks import HOUSEKEEPING
 from .placement import choose_host, refusal
 from .render import address_of, group_of, set_console_path, workload_of
 from .spec import validate_name
@@ -177,7 +178,7 @@ def sync_records(fleet: Fleet, report=None) -> list[str]:
         try:
             if folder_save(save_dir(fleet, vm)) == stored.get(vm):
                 continue
-            with fleet.lock_vm(vm, f"the reconcile's copy of {vm}'s save"):
+            with fleet.lock_vm(vm, f"{HOUSEKEEPING}copy of {vm}'s save"):
                 before = fleet.state.save_of(vm)  # (an operation may have ended since)
                 sync_record(fleet, vm)
                 if fleet.state.save_of(vm) == before:

@@ -3,10 +3,12 @@
 import json
 import os
 import signal
+import threading
 import time
 
 import pytest
 
+from vmmgr.locks import HOUSEKEEPING
 from vmmgr.state import FleetState
 
 from .conftest import assert_contiguous, cli, ticks, wait_ticks, where_defined
@@ -91,6 +93,15 @@ def test_bad_and_conflicting_requests_are_refused_and_change_nothing(make_vm, fl
     assert state.holder("vm", "busy1") is None  # the lock went with the task
     [attempt] = state.migrations("busy1")
     assert attempt["status"] == "failed" and "cancel" in attempt["error"]
+
+    # One of the reconcile's brief checks of the VM is no reason to refuse a request: it waits
+    # for the check to end (2 s here) and goes on.
+    state.acquire("vm", "busy1", "reconcile-test", f"{HOUSEKEEPING}check of busy1's record", 30)
+    threading.Timer(2, state.release, ("vm", "busy1", "reconcile-test")).start()
+    t0 = time.monotonic()
+    cli("migrate", "busy1", "--to", "host2", check_code=0)
+    assert time.monotonic() - t0 >= 2
+    assert where_defined(fleet, "busy1") == ["host2"]
 
 
 def test_reconcile_repairs_records_that_drifted_from_libvirt(make_vm, fleet, state):

@@ -8,7 +8,8 @@ import pytest
 
 from vmmgr.errors import Conflict
 from vmmgr.inventory import HostRecord, Inventory
-from vmmgr.locks import Lease, LockLost
+from vmmgr import locks
+from vmmgr.locks import HOUSEKEEPING, Lease, LockLost
 from vmmgr.state import FleetState
 
 
@@ -78,6 +79,35 @@ def test_a_waiting_lease_gets_the_lock_when_it_frees(store):
     threading.Timer(0.3, first.__exit__, (None, None, None)).start()
     with Lease(store, "edge", "routes", "b", "route change", wait=5):
         assert store.holder("edge", "routes") == "b route change"
+
+
+def test_a_request_waits_out_the_reconciles_brief_check_but_not_an_operation(store, monkeypatch):
+    """A user's request that meets one of the reconcile's checks of the VM (a fraction of a
+    second) gets the lock once it ends, instead of a "busy" it could not foresee; an operation
+    still refuses at once, a check that lasts too long refuses in the end, and the reconcile
+    itself never waits (it skips a held VM and comes back)."""
+    check = Lease(store, "vm", "vm1", "reconcile-1", f"{HOUSEKEEPING}check of vm1's record")
+    check.__enter__()
+    threading.Timer(0.3, check.__exit__, (None, None, None)).start()
+    t0 = time.monotonic()
+    locks.acquire(store, "vm", "vm1", "task-1", "migration of vm1 to host2", 30)
+    assert 0.2 < time.monotonic() - t0 < 5
+    assert store.holder("vm", "vm1") == "task-1 migration of vm1 to host2"
+    t0 = time.monotonic()
+    with pytest.raises(Conflict, match="busy: migration of vm1"):  # an operation: at once
+        with Lease(store, "vm", "vm1", "task-2", "resume of vm1"):
+            pass
+    assert time.monotonic() - t0 < 1
+    with pytest.raises(Conflict, match="busy: migration of vm1"):  # nor does the reconcile wait
+        with Lease(store, "vm", "vm1", "reconcile-2", f"{HOUSEKEEPING}check of vm1's record"):
+            pass
+    store.release("vm", "vm1", "task-1")
+    monkeypatch.setattr(locks, "HOUSEKEEPING_WAIT", 0.5)
+    with Lease(store, "vm", "vm1", "reconcile-1", f"{HOUSEKEEPING}sweep of vm1's address"):
+        t0 = time.monotonic()
+        with pytest.raises(Conflict, match="busy: the reconcile's sweep of vm1's address"):
+            locks.acquire(store, "vm", "vm1", "task-3", "destroy of vm1", 30)
+        assert 0.4 < time.monotonic() - t0 < 3  # waited, then said what holds it
 
 
 def test_concurrent_state_changes_of_two_hosts_lose_nothing(store):
