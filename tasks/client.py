@@ -2,6 +2,7 @@
 
 `submit` refuses a conflicting request at once: it takes the VM's (or host's) lock in the new
 task's name before the task is queued, so "VM busy" is an answer, not a task that fails later.
+(A brief check of the reconcile's is waited for, up to `locks.HOUSEKEEPING_WAIT`.)
 """
 
 import time

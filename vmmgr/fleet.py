@@ -78,9 +78,10 @@ class Fleet:
         """The VMs' serial consoles, wherever their segments are (read with `console`)."""
         return site_consoles.FleetConsoles(self)
 
-    def lock_vm(self, vm: str, what: str) -> Lease:
-        """The VM's one lock, for the whole of an operation that changes it."""
-        return Lease(self.state, "vm", vm, self.owner, what)
+    def lock_vm(self, vm: str, what: str, patient: bool | None = None) -> Lease:
+        """The VM's one lock, for the whole of an operation that changes it (`patient`: see
+        `locks.acquire`)."""
+        return Lease(self.state, "vm", vm, self.owner, what, patient=patient)
 
     def lock_image(self, image: str, what: str) -> Lease:
         """An OS image's lock: a create holds it while it lays its disk on the image, a removal

@@ -85,10 +85,10 @@ class LabPKI:
             self.ca_key.chmod(0o600)
         if not (self.client_dir / "clientcert.pem").exists():
             self.client_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            with self._issue("control", None) as (cert, key):
-                shutil.copy(self.ca_cert, self.client_dir / "cacert.pem")
-                shutil.copy(cert, self.client_dir / "clientcert.pem")
+            with self._issue("control", None) as (cert, key):  # the certificate last: it is
+                shutil.copy(self.ca_cert, self.client_dir / "cacert.pem")  # what is checked for
                 shutil.copy(key, self.client_dir / "clientkey.pem")
+                shutil.copy(cert, self.client_dir / "clientcert.pem")
 
     def install_host(self, etc_pki: Path, name: str, ip: str) -> None:
         """The files the kvm_host role installs under /etc/pki, for host `name` at `ip`."""

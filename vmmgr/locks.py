@@ -25,8 +25,9 @@ from .errors import Conflict
 
 LEASE_TTL = 30  # s a dead holder keeps a lock; renewed every third of it
 WAIT_POLL = 0.05
-# How the reconcile names a brief check it makes under a VM's lock (a record, an address, a
-# stray disk, a save's copy): never an operation on the VM, over in well under a second.
+# How the reconcile names a brief check it makes under a VM's lock (a record, a stray disk, a
+# save's copy, a console part, the edge's hold): never an operation on the VM; asked of the hosts
+# without the lock first where it can, so usually over in well under a second.
 HOUSEKEEPING = "the reconcile's "
 HOUSEKEEPING_WAIT = 15.0  # s a request waits for such a check before it is refused as busy
 
@@ -39,11 +40,13 @@ class LockLost(Conflict):
 
 
 def acquire(state, kind: str, name: str, owner: str, what: str, ttl: int,
-            wait: float = 0) -> None:
-    """Take the lock for `owner`, waiting up to `wait` s for whatever holds it, and up to
-    `HOUSEKEEPING_WAIT` for one of the reconcile's brief checks; else Conflict, saying what
-    holds it."""
-    patient = not what.startswith(HOUSEKEEPING)  # the reconcile skips a held VM, comes back
+            wait: float = 0, patient: bool | None = None) -> None:
+    """Take the lock for `owner`, waiting up to `wait` s for whatever holds it, and (if
+    `patient`) up to `HOUSEKEEPING_WAIT` for one of the reconcile's brief checks; else
+    Conflict, saying what holds it. Patient unless said otherwise or `what` is itself one of
+    those checks: the reconcile skips a VM someone holds, and comes back at its next pass."""
+    if patient is None:
+        patient = not what.startswith(HOUSEKEEPING)
     start = time.monotonic()
     while True:
         try:
@@ -59,9 +62,11 @@ def acquire(state, kind: str, name: str, owner: str, what: str, ttl: int,
 
 class Lease:
     def __init__(self, state, kind: str, name: str, owner: str, what: str,
-                 ttl: int = LEASE_TTL, wait: float = 0):
+                 ttl: int = LEASE_TTL, wait: float = 0, patient: bool | None = None):
+        # `owner` is one word: the store keeps "owner what", and readers split at the space.
         self.state, self.kind, self.name = state, kind, name
         self.owner, self.what, self.ttl, self.wait = owner, what, ttl, wait
+        self.patient = patient
         self.nested = False
         self.lost = False
         self._stop = threading.Event()
@@ -77,7 +82,8 @@ class Lease:
         if self.nested:
             self._beat.start()  # to notice a loss; the outer lease keeps it
             return self
-        acquire(self.state, self.kind, self.name, self.owner, self.what, self.ttl, self.wait)
+        acquire(self.state, self.kind, self.name, self.owner, self.what, self.ttl, self.wait,
+                self.patient)
         with _held_lock:
             _held[key] = _held.get(key, 0) + 1
         self._beat.start()

@@ -175,7 +175,11 @@ def sweep_addresses(fleet: Fleet, report, rows: list[dict]) -> list[str]:
                 or fleet.leftovers(vm):
             continue
         try:
-            with fleet.lock_vm(vm, f"{HOUSEKEEPING}sweep of {vm}'s address"):
+            if fleet.find_all(vm, strict=True):  # first without the lock: a silent host skips
+                continue
+            # Not one of the brief checks a request waits for: it may destroy (the edge's
+            # route too), so a request meeting it is refused at once, as by any operation.
+            with fleet.lock_vm(vm, f"sweep of {vm}'s address", patient=False):
                 if (fleet.find_all(vm, strict=True) or fleet.is_suspended(vm)
                         or fleet.leftovers(vm) or pool.address_of(vm) != ip):
                     continue  # created, saved or freed since the rows were read
@@ -219,6 +223,8 @@ def repair_records(fleet: Fleet, report, rows: list[dict]) -> list[str]:
             # Asked again, every host, under the VM's lock: a VM created or resumed since the
             # rows were read, or held by a host that does not answer, keeps its record (its
             # spec, its usage).
+            if fleet.find_all(vm, strict=True):  # first without the lock: a silent host skips
+                continue
             with fleet.lock_vm(vm, f"{HOUSEKEEPING}check of {vm}'s record"):
                 if fleet.find_all(vm, strict=True) or fleet.is_suspended(vm):
                     continue

@@ -506,15 +506,20 @@ class FleetState:
         Taking a lock the same owner already holds succeeds: a redelivered task keeps its lock.
         """
         key = P + f"lock:{kind}:{name}"
-        value = f"{owner} {what}"
-        if self.r.set(key, value, nx=True, ex=ttl):
-            return
-        holder = self.r.get(key) or ""
-        if holder.split(" ", 1)[0] == owner:
+        for _ in range(3):  # a holder that let go between the two calls: take it then
+            if self.r.set(key, f"{owner} {what}", nx=True, ex=ttl):
+                return
+            holder = self.r.get(key)
+            if holder is not None:
+                break
+        else:
+            holder = ""
+        held_by, _, busy = holder.partition(" ")
+        if held_by == owner:
             self.r.expire(key, ttl)
             return
-        busy = holder.split(" ", 1)[1] if " " in holder else "another operation"
-        raise Conflict(f"{'VM' if kind == 'vm' else kind} {name!r} is busy: {busy} is in progress (task {holder.split()[0]})")
+        raise Conflict(f"{'VM' if kind == 'vm' else kind} {name!r} is busy: "
+                       f"{busy or 'another operation'} is in progress (task {held_by or '?'})")
 
     def refresh(self, kind: str, name: str, owner: str, ttl: int) -> bool:
         return bool(self.r.eval(_REFRESH, 1, P + f"lock:{kind}:{name}", owner, ttl))

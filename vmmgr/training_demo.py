@@ -15,7 +15,7 @@ are pure functions; `run` carries them out through the operator's requests (`sub
 sends them through the task API).
 """
 
-import shutil
+import contextlib
 import subprocess
 import tempfile
 import threading
@@ -127,9 +127,8 @@ class TrainingDemo:
         self.paths, self.submit, self.echo = paths, submit, echo
         self.local_disk = local_disk  # each VM's disk on its host's own storage
         self.prefix = list(ssh_prefix)
-        self._own_workdir = workdir is None  # a scratch folder for the SSH key: removed after
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="vmmgr-training-"))
-        self.key = self.workdir / "id_ed25519"
+        self.workdir = workdir  # None: a scratch folder for the run's SSH key, removed after
+        self.key = Path()  # set by `run`
         self.report = TrainingReport()
         self._progress = 0  # the last step the SSH session saw
         self._fillers: list[str] = []
@@ -144,18 +143,22 @@ class TrainingDemo:
             hosts = sorted(h.name for h in fleet.hosts() if h.record.state == "active")
         start = placements(hosts)
         self._image()
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key)],
-                       check=True)
-        try:
-            self._create(start)
-            session = self._launch(steps)
-            self._move(moves, hosts[-1], moves // 2 if reclaim_at is None else reclaim_at)
-            self._finish(session)
-            if plot:
-                self.report.plot = write_plot(self.report, plot)
-            return self.report
-        finally:
-            self._clean_up()
+        with contextlib.ExitStack() as scratch:
+            folder = self.workdir or Path(scratch.enter_context(
+                tempfile.TemporaryDirectory(prefix="vmmgr-training-")))
+            self.key = folder / "id_ed25519"
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+                            str(self.key)], check=True)
+            try:
+                self._create(start)
+                session = self._launch(steps)
+                self._move(moves, hosts[-1], moves // 2 if reclaim_at is None else reclaim_at)
+                self._finish(session)
+                if plot:
+                    self.report.plot = write_plot(self.report, plot)
+                return self.report
+            finally:
+                self._clean_up()
 
     def _image(self) -> None:
         """Built when missing; a stored one is used as it is (`vmmgr image build` refreshes it)."""
@@ -352,8 +355,6 @@ class TrainingDemo:
                 self.echo(f"   could not destroy {vm}: {err}")
         for host in list(self._reclaimed):
             self._enable(host)
-        if self._own_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def write_plot(report: TrainingReport, path: Path) -> Path:

@@ -331,7 +331,7 @@ def test_the_reconcile_gives_back_a_failed_moves_segment_once_its_site_answers(r
     state.console_drop_pending("vm", 4)
     state.console_drop_pending("gone", 7)  # destroyed since: its number is no more
     report = mocker.Mock()
-    with Lease(state, "vm", "vm", "a migration", "migration of vm"):  # held: not now
+    with Lease(state, "vm", "vm", "migration-task", "migration of vm"):  # held: not now
         assert site_consoles.retry_drops(fleet, report) == []
     assert ("vm", 2) in state.console_drops() and ("gone", 7) not in state.console_drops()
     del locks[:]

@@ -75,7 +75,7 @@ def test_the_reconciles_pass_copies_what_differs_and_leaves_a_held_vm_to_its_ope
     fleet.state.put_save("gone", {"state": "saved", "intent": {}, "record": RECORD,
                                   "address": "", "disk": False})  # its folder is gone
     folder(fleet, "held", intent={"vm": "held"})
-    with Lease(fleet.state, "vm", "held", "an operation", "suspend of held"):
+    with Lease(fleet.state, "vm", "held", "suspend-task", "suspend of held"):
         assert suspend.sync_records(fleet) == ["a", "gone"]
     assert set(fleet.state.saves()) == {"a", "b"}
     assert suspend.sync_records(fleet) == ["held"]  # once its operation let go
