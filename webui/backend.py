@@ -16,6 +16,7 @@ from tasks.runtime import LockSpec
 from vmmgr import audit, console, guest_ssh, usage
 from vmmgr.errors import InvalidRequest
 from vmmgr.fleet import Fleet
+from vmmgr.locks import HOUSEKEEPING
 from vmmgr.paths import Paths
 from vmmgr.requests import Request
 from vmmgr.state import FleetState
@@ -92,11 +93,14 @@ def task_status(task_id: str) -> dict | None:
 
 
 def operation(vm: str) -> dict | None:
-    """The task holding the VM's lock now, if any: (task id, what)."""
+    """The task holding the VM's lock now, if any: (task id, what). One of the reconcile's
+    brief checks is none: no task to follow, nothing to cancel (a request waits for it)."""
     holder = state().holder("vm", vm)
     if not holder:
         return None
     task_id, _, what = holder.partition(" ")
+    if what.startswith(HOUSEKEEPING):
+        return None
     return {"task": task_id, "what": what}
 
 

@@ -150,6 +150,21 @@ def test_an_accepted_action_is_queued_and_its_progress_streamed(as_role, redis_u
     assert snapshots[0]["operation"]["state"] == "PENDING"
 
 
+def test_a_reconcile_check_holding_the_vm_is_not_shown_as_its_operation(app, redis_url):
+    from vmmgr.locks import HOUSEKEEPING
+    from webui import backend
+
+    state = FleetState(redis_url)
+    state.acquire("vm", "vm1", "node-1", f"{HOUSEKEEPING}check of vm1's record", 30)
+    with app.test_request_context():
+        assert backend.operation("vm1") is None  # nothing to follow or cancel
+    state.release("vm", "vm1", "node-1")
+    state.acquire("vm", "vm1", "task-1", "migration of vm1 to host2", 30)
+    with app.test_request_context():
+        assert backend.operation("vm1") == {"task": "task-1", "what": "migration of vm1 to host2"}
+    state.release("vm", "vm1", "task-1")
+
+
 def test_the_console_stream_sends_the_tail_then_what_follows(app, consoles):
     from webui import backend
 
