@@ -301,6 +301,15 @@ def test_a_reclaimed_host_that_does_not_answer_holds_nothing(tmp_path):
     assert fleet.find_all("vm1", strict=True) == []
 
 
+def test_only_the_hosts_named_are_asked_and_a_silent_one_outside_them_decides_nothing(tmp_path):
+    held = FakeHost("h1", FakeGuest("vm1", "h1"))
+    fleet = FakeFleet(tmp_path, held, FakeHost("h2", answers=False))
+    assert fleet.find_all("vm1", strict=True, among=["h1"]) == [held.guest]
+    assert fleet.find_all("vm1", strict=True, among=[]) == []
+    with pytest.raises(HostUnreachable, match="h2 does not answer"):
+        fleet.find_all("vm1", strict=True, among=["h1", "h2"])
+
+
 def test_a_vm_is_unknown_only_when_every_host_answered(tmp_path):
     """CI: a migrate that could not reach host1 called the VM there 'unknown'."""
     held = FakeHost("h1", FakeGuest("vm1", "h1"))
