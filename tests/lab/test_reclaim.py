@@ -127,6 +127,10 @@ def test_reclaim_without_room_parks_vms_and_they_resume_when_capacity_returns(ma
             assert time.monotonic() < deadline, "the stopped VM's definition did not come back"
             time.sleep(0.5)
         assert fleet.host("host2").find_guest("pkoff").state() == "shutoff"
+        # defined there before its resume has ended: its record says so once it has
+        while fleet.state.vm("pkoff")["state"] == "resuming":
+            assert time.monotonic() < deadline, "the stopped VM's resume never ended"
+            time.sleep(0.2)
         assert fleet.state.vm("pkoff")["state"] == "shutoff" and not (paths.saves / "pkoff").exists()
         assert "pkoff running on host2" in cli("vm", "start", "pkoff", check_code=0).stdout
     finally:
