@@ -376,10 +376,12 @@ def redis_mid_destroy(c: Lab3, fleet: Fleet) -> str:
                 time.sleep(1)
         by = "the second destroy"
     except RuntimeError as err:  # the reconcile's sweep came first (it says so), or a failure
-        if "unknown VM" not in str(err) or not any(
-                e["message"].startswith(f"{COUNT}: its address {ip} freed")
-                for e in c.state.events(500, vm=COUNT)):
+        if "unknown VM" not in str(err):
             raise
+        # (the sweep says so once it has let the VM go: a moment after the address is free)
+        wait(lambda: any(e["message"].startswith(f"{COUNT}: its address {ip} freed")
+                         for e in c.state.events(500, vm=COUNT)), 30,
+             f"{err}: and no sweep said it freed the address")
         by = "the reconcile's sweep"
     still = {"definition": bool(fleet.find_all(COUNT, strict=True)),
              "address": bool(pool_for(c.paths, c.state.r).address_of(COUNT)),

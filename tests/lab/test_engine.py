@@ -223,8 +223,9 @@ def test_a_postcopy_left_paused_is_recorded_so_and_resumed_when_the_link_returns
     assert state.vm("pcpause")["host"] == "host2"
     assert where_defined(fleet, "pcpause") == ["host2"]
     assert fleet.locate("pcpause").state() == "running"
-    messages = [e["message"] for e in state.events(300, vm="pcpause")]
-    assert any("post-copy resumed: host1 -> host2" in m for m in messages), messages
+    wait_for(lambda: any("post-copy resumed: host1 -> host2" in e["message"]  # (said after)
+                         for e in state.events(300, vm="pcpause")), 10,
+             lambda: [e["message"] for e in state.events(300, vm="pcpause")])
     before = wait_dirtier_passes(paths, "pcpause", 0)
     wait_dirtier_passes(paths, "pcpause", before + 3)
     assert_memory_intact(paths, "pcpause")

@@ -184,8 +184,9 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         assert ("could not receive it" in said["message"]
                 and "still running on host2" in said["message"]), said
         faults.wait(lambda: on_host3() == "", 120, "the cut-short copy stayed on host3")
-        assert any(e["message"] == "a copy of image debian-12 cut short removed from host3"
-                   for e in c.state.events(count=500)), "not the sweep's doing"
+        faults.wait(lambda: any(  # (said once the sweep has ended)
+            e["message"] == "a copy of image debian-12 cut short removed from host3"
+            for e in c.state.events(count=500)), 30, "not the sweep's doing")
         assert where(fleet, "local1") == ["host2"] and holders(fleet, "local1") == ["host2"]
 
         moved = cli("migrate", "local1", "--to", "host3", check_code=0)
@@ -317,8 +318,9 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
                         f"the disk stayed on {target} after the {fault} came back")
             assert where(fleet, "local1") == [source]
             assert fleet.locate("local1").state() == "running"
-            assert any(e["message"] == f"local1: stray local disk removed from {target}"
-                       for e in c.state.events(count=500, vm="local1")), fault
+            faults.wait(lambda: any(  # (the sweep says so once it has let the VM go)
+                e["message"] == f"local1: stray local disk removed from {target}"
+                for e in c.state.events(count=500, vm="local1")), 30, fault)
             assert data_sum() == written
 
         # The source's libvirtd killed mid-copy, and restarted as systemd would: its QEMU runs

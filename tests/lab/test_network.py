@@ -185,8 +185,10 @@ def test_nothing_is_freed_while_the_host_that_may_hold_a_vm_does_not_answer(lab,
         reconcile.reconcile(fleet, operations.LocalReport(fleet))
         time.sleep(1)
     assert pool.address_of("far") == ip
-    assert any(e["message"] == f"orphan1: its address {orphan} freed (no host defines it, and "
-               "it has no save)" for e in fleet.state.events(count=500, vm="orphan1"))
+    wait_until(lambda: any(  # (a scheduled pass says so once it has let the VM go)
+        e["message"] == f"orphan1: its address {orphan} freed (no host defines it, and it has "
+        "no save)" for e in fleet.state.events(count=500, vm="orphan1")), 30,
+        lambda: "the freeing was not said")
     assert where_defined(fleet, "far") == ["host3"]
     assert fleet.locate("far").state() == "running"
 
@@ -320,8 +322,9 @@ def test_a_hold_left_at_the_edge_is_released_and_an_edge_that_cannot_hold_moves_
         time.sleep(6)  # a reconcile pass or more
         assert edge.held() == [address]
     wait_until(lambda: edge.held() == [], 60, lambda: f"still held: {edge.held()}")
-    assert any(e["message"] == f"packets held at the edge for {address} released (no move "
-               "under way)" for e in fleet.state.events(200, vm="held1"))
+    wait_until(lambda: any(  # (said once the reconcile has let the VM go)
+        e["message"] == f"packets held at the edge for {address} released (no move under way)"
+        for e in fleet.state.events(200, vm="held1")), 30, lambda: "the release was not said")
     seen = probe(address, 0.5)
     assert seen["received"] == seen["sent"], seen
 
