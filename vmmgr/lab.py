@@ -51,6 +51,16 @@ BRIDGE_CIDR = f"{SUBNET}.1/24"
 GUEST_BRIDGE = "br-guest"
 GUEST_GATEWAY_CIDR = "10.78.0.1/32"  # guests are /32s routed to the bridge (see lab_net)
 GUEST_GATEWAY_MAC = "02:76:6d:00:00:01"
+# The management network's MACs are fixed, as a real machine's NIC's is: a host rebuilt with a
+# new random one was unreachable from every namespace that had cached the old one, for as long
+# as that entry stayed valid (15-45 s) and then until the next retry of TCP's connect (31 or
+# 63 s after the first SYN): a repaired host's libvirtd "not answering" for a minute or two.
+BRIDGE_MAC = "02:76:6d:01:00:00"  # else the bridge takes its lowest port's, which come and go
+
+
+def host_mac(index: int) -> str:
+    """Lab host `index`'s NIC on the management network."""
+    return f"02:76:6d:01:00:{index:02x}"
 HOST_MEMORY_MIB = 1024  # what each lab host offers VMs: small, so "no room" is easy to reach
 HOST_VCPUS = 8  # vCPUs may be overcommitted; memory (above) never is
 LIBVIRT_DIRS = {  # per-host folder -> the path libvirtd sees
@@ -408,6 +418,7 @@ class Lab:
         _run(["ip", "netns", "add", ns])
         _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns])
         _run(["ip", "link", "set", veth, "master", BRIDGE, "up"])
+        _run(["ip", "-n", ns, "link", "set", "eth0", "address", host_mac(h.index)])
         _run(["ip", "-n", ns, "addr", "add", f"{h.ip}/24", "dev", "eth0"])
         _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
         _run(["ip", "-n", ns, "link", "set", "lo", "up"])
@@ -676,7 +687,7 @@ def _qemu_conf(h: LabHost, tls: bool) -> str:
 def _ensure_root_bridge() -> None:
     if BRIDGE in _links():
         return
-    _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+    _run(["ip", "link", "add", BRIDGE, "address", BRIDGE_MAC, "type", "bridge"])
     _run(["ip", "addr", "add", BRIDGE_CIDR, "dev", BRIDGE])
     _run(["ip", "link", "set", BRIDGE, "up"])
 

@@ -29,6 +29,7 @@ from .paths import Paths
 
 EDGE_NS, CLIENT_NS = "vmmgr-edge", "vmmgr-client"
 EDGE_BRIDGE_IP = "10.77.0.2"
+EDGE_MAC = "02:76:6d:01:00:fe"  # fixed, as the hosts' are (see lab.host_mac)
 OUTSIDE_EDGE_IP, OUTSIDE_CLIENT_IP = "10.80.0.1", "10.80.0.2"
 TUNNEL = "10.79.0"
 POOL, GATEWAY = "10.78.0.0/24", "10.78.0.1"
@@ -87,6 +88,7 @@ class LabNetwork:
         _run(["ip", "link", "add", EDGE_NS, "type", "veth", "peer", "name", "eth0", "netns",
               EDGE_NS])
         _run(["ip", "link", "set", EDGE_NS, "master", self.bridge, "up"])
+        _ns(EDGE_NS, "ip", "link", "set", "eth0", "address", EDGE_MAC)  # fixed (see lab.py)
         _ns(EDGE_NS, "ip", "addr", "add", f"{EDGE_BRIDGE_IP}/24", "dev", "eth0")
         _ns(EDGE_NS, "ip", "link", "set", "eth0", "up")
         _run(["ip", "-n", EDGE_NS, "link", "add", "out0", "type", "veth", "peer", "name",

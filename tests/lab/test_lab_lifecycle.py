@@ -3,6 +3,7 @@
 Runs before the other lab tests (file order) with its own two-host lab.
 """
 
+import json
 import os
 import socket
 import subprocess
@@ -11,7 +12,7 @@ import threading
 import libvirt
 import pytest
 
-from vmmgr.lab import GUEST_BRIDGE, GUEST_GATEWAY_MAC, Lab, lab_host
+from vmmgr.lab import BRIDGE, GUEST_BRIDGE, GUEST_GATEWAY_MAC, Lab, host_mac, lab_host
 
 from .conftest import cli, wait_ticks
 
@@ -44,6 +45,13 @@ def lab_leftovers(before: set[int]) -> list[str]:
         except OSError:
             continue  # it ended meanwhile
     return out
+
+
+def nic_mac(host: str) -> str:
+    """The MAC of a lab host's NIC on the management network."""
+    out = subprocess.run(["ip", "-j", "-n", f"vmmgr-{host}", "link", "show", "eth0"],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)[0]["address"]
 
 
 def is_zombie(pid: int) -> bool:
@@ -85,6 +93,7 @@ def test_lab_up_status_repair_and_down(small_lab, paths):
                              capture_output=True, text=True, check=True).stdout
         assert GUEST_GATEWAY_MAC in mac
     assert hostnames == {"host1", "host2"} and len(uuids) == 2
+    assert [nic_mac(r.name) for r in records] == [host_mac(1), host_mac(2)]
 
     status = cli("lab", "status", "--json", check_code=0).stdout
     assert status.count('"reachable": true') == 2
@@ -103,6 +112,11 @@ def test_lab_up_status_repair_and_down(small_lab, paths):
     after = small_lab.status()
     assert after[0].libvirtd_pid == pids[0] and after[0].vms == 1
     assert after[1].reachable and after[1].libvirtd_pid != pids[1]
+    # Rebuilt with the NIC address it had: what the others cached of it still reaches it.
+    assert nic_mac("host2") == host_mac(2)
+    cached = subprocess.run(["ip", "-j", "neigh", "show", "to", "10.77.0.12", "dev", BRIDGE],
+                            capture_output=True, text=True, check=True).stdout
+    assert all(n.get("lladdr") in (None, host_mac(2)) for n in json.loads(cached)), cached
 
     # Down removes every namespace, link, daemon and QEMU process, even with a VM running.
     cli("lab", "down", check_code=0)
