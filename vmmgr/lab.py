@@ -525,9 +525,10 @@ class Lab:
     def _wait_ready(self, h: LabHost) -> None:
         """Wait for the host's libvirtd to answer; restart the host once if it does not.
 
-        Rarely (seen once in about a dozen runs, after the daemon was killed and the host was
-        rebuilt) a fresh libvirtd neither answered nor wrote an error: a second start is cheaper
-        than a failed run, and a second failure reports everything known about both attempts.
+        A fresh libvirtd that neither answered nor wrote an error (seen once in about a dozen
+        runs, after the daemon was killed and the host rebuilt) was most likely the random MAC
+        the rebuilt host had then (see BRIDGE_MAC). A second start is cheaper than a failed run
+        all the same, and a second failure reports everything known about both attempts.
         """
         if self._answers_within(h, FIRST_START_TIMEOUT):
             return
