@@ -56,11 +56,7 @@ GUEST_GATEWAY_MAC = "02:76:6d:00:00:01"
 # as that entry stayed valid (15-45 s) and then until the next retry of TCP's connect (31 or
 # 63 s after the first SYN): a repaired host's libvirtd "not answering" for a minute or two.
 BRIDGE_MAC = "02:76:6d:01:00:00"  # else the bridge takes its lowest port's, which come and go
-
-
-def host_mac(index: int) -> str:
-    """Lab host `index`'s NIC on the management network."""
-    return f"02:76:6d:01:00:{index:02x}"
+HOST_MAC_PREFIX = "02:76:6d:01:00:"  # + the host's index (host_mac)
 HOST_MEMORY_MIB = 1024  # what each lab host offers VMs: small, so "no room" is easy to reach
 HOST_VCPUS = 8  # vCPUs may be overcommitted; memory (above) never is
 LIBVIRT_DIRS = {  # per-host folder -> the path libvirtd sees
@@ -84,6 +80,11 @@ LAB_GPU_MODEL = "lab-gpu"
 
 def lab_devices(index: int) -> tuple[Device, ...]:
     return (Device("0000:65:00.0", LAB_GPU_MODEL, "standin"),) if index < 2 else ()
+
+
+def host_mac(index: int) -> str:
+    """Lab host `index`'s NIC on the management network."""
+    return f"{HOST_MAC_PREFIX}{index:02x}"
 
 
 @dataclass(frozen=True)
@@ -527,7 +528,7 @@ class Lab:
 
         A fresh libvirtd that neither answered nor wrote an error (seen once in about a dozen
         runs, after the daemon was killed and the host rebuilt) was most likely the random MAC
-        the rebuilt host had then (see BRIDGE_MAC). A second start is cheaper than a failed run
+        the rebuilt host had then (see the MACs above). A second start is cheaper than a failed run
         all the same, and a second failure reports everything known about both attempts.
         """
         if self._answers_within(h, FIRST_START_TIMEOUT):

@@ -7,12 +7,14 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 
 import libvirt
 import pytest
 
-from vmmgr.lab import BRIDGE, GUEST_BRIDGE, GUEST_GATEWAY_MAC, Lab, host_mac, lab_host
+from vmmgr.lab import GUEST_BRIDGE, GUEST_GATEWAY_MAC, Lab, host_mac, lab_host
+from vmmgr.lab_net import EDGE_MAC, EDGE_NS
 
 from .conftest import cli, wait_ticks
 
@@ -47,11 +49,18 @@ def lab_leftovers(before: set[int]) -> list[str]:
     return out
 
 
-def nic_mac(host: str) -> str:
-    """The MAC of a lab host's NIC on the management network."""
-    out = subprocess.run(["ip", "-j", "-n", f"vmmgr-{host}", "link", "show", "eth0"],
+def nic_mac(namespace: str) -> str:
+    """The MAC of a lab machine's NIC on the management network."""
+    out = subprocess.run(["ip", "-j", "-n", namespace, "link", "show", "eth0"],
                          capture_output=True, text=True, check=True).stdout
     return json.loads(out)[0]["address"]
+
+
+def connects(namespace: str, ip: str, port: int = 16514, timeout: float = 3) -> bool:
+    """Whether a TCP connect from `namespace` to ip:port (a host's libvirtd) completes at once."""
+    code = f"import socket; socket.create_connection(({ip!r}, {port}), {timeout}).close()"
+    return subprocess.run(["ip", "netns", "exec", namespace, sys.executable, "-c", code],
+                          capture_output=True).returncode == 0
 
 
 def is_zombie(pid: int) -> bool:
@@ -93,7 +102,8 @@ def test_lab_up_status_repair_and_down(small_lab, paths):
                              capture_output=True, text=True, check=True).stdout
         assert GUEST_GATEWAY_MAC in mac
     assert hostnames == {"host1", "host2"} and len(uuids) == 2
-    assert [nic_mac(r.name) for r in records] == [host_mac(1), host_mac(2)]
+    assert [nic_mac(f"vmmgr-{r.name}") for r in records] == [host_mac(1), host_mac(2)]
+    assert nic_mac(EDGE_NS) == EDGE_MAC
 
     status = cli("lab", "status", "--json", check_code=0).stdout
     assert status.count('"reachable": true') == 2
@@ -106,17 +116,17 @@ def test_lab_up_status_repair_and_down(small_lab, paths):
     # A VM, then a crashed daemon: `up` repairs the broken host only.
     cli("vm", "create", "life1", "--host", "host1", check_code=0)
     wait_ticks(paths, "life1", 2)
+    assert connects("vmmgr-host1", "10.77.0.12")  # host1 has host2's NIC in its ARP cache now
     os.kill(pids[1], 9)
     assert not small_lab.status()[1].reachable
     small_lab.up(2)
     after = small_lab.status()
     assert after[0].libvirtd_pid == pids[0] and after[0].vms == 1
     assert after[1].reachable and after[1].libvirtd_pid != pids[1]
-    # Rebuilt with the NIC address it had: what the others cached of it still reaches it.
-    assert nic_mac("host2") == host_mac(2)
-    cached = subprocess.run(["ip", "-j", "neigh", "show", "to", "10.77.0.12", "dev", BRIDGE],
-                            capture_output=True, text=True, check=True).stdout
-    assert all(n.get("lladdr") in (None, host_mac(2)) for n in json.loads(cached)), cached
+    # Rebuilt with the NIC address it had: host1, which still has that address cached, reaches
+    # it at once (a new random one was unreachable from there for 31 s or more).
+    assert nic_mac("vmmgr-host2") == host_mac(2)
+    assert connects("vmmgr-host1", "10.77.0.12")
 
     # Down removes every namespace, link, daemon and QEMU process, even with a VM running.
     cli("lab", "down", check_code=0)

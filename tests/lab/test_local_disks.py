@@ -292,9 +292,14 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         # libvirtd killed (restarted as systemd would), then the link to the target cut. The VM
         # runs on where it was, its disk whole; the overlay the move laid on the target stays
         # until it answers again, and the reconcile's sweep removes it then.
+        def swept_from(host: str) -> int:
+            return sum(e["message"] == f"local1: stray local disk removed from {host}"
+                       for e in c.state.events(count=500, vm="local1"))
+
         for fault in ("libvirtd", "link"):
             source = where(fleet, "local1")[0]
             target = next(h for h in HOSTS if h != source)
+            swept_before = swept_from(target)  # (the same target both times)
             task = c.task_of(c.cli("migrate", "local1", "--to", target, "--bandwidth", "5",
                                    "--no-wait"))
             faults.wait(lambda: len(holders(fleet, "local1")) == 2, 60, "no disk was laid")
@@ -318,9 +323,8 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
                         f"the disk stayed on {target} after the {fault} came back")
             assert where(fleet, "local1") == [source]
             assert fleet.locate("local1").state() == "running"
-            faults.wait(lambda: any(  # (the sweep says so once it has let the VM go)
-                e["message"] == f"local1: stray local disk removed from {target}"
-                for e in c.state.events(count=500, vm="local1")), 30, fault)
+            # (the sweep says so once it has let the VM go)
+            faults.wait(lambda: swept_from(target) > swept_before, 30, fault)
             assert data_sum() == written
 
         # The source's libvirtd killed mid-copy, and restarted as systemd would: its QEMU runs

@@ -119,12 +119,14 @@ def test_moves_stay_in_their_site_and_cross_the_wan_only_when_it_is_full(lab, ma
             reconcile.reconcile(fleet, operations.LocalReport(fleet))
             time.sleep(1)
         # (a scheduled pass forgets the part and says so a moment after the file has gone)
+        deadline = time.monotonic() + 30
         while not (seq not in dict(state.console_segments("mover"))
                    and state.console_drops() == []
                    and any(f"{left.name} a failed move left is given back" in e["message"]
                            for e in state.events(100, vm="mover"))):
             assert time.monotonic() < deadline, (state.console_segments("mover"),
-                                                 state.console_drops())
+                                                 state.console_drops(),
+                                                 state.events(100, vm="mover"))
             time.sleep(0.2)
         assert where_defined(fleet, "mover") == ["host3"]
         # A destroy removes it on both sites, through their hosts.
@@ -167,6 +169,7 @@ def test_a_download_through_the_edge_survives_moves_across_the_wan(lab, make_vm,
             cli("reconcile", "--wait")  # or the beat's pass: whichever comes first
             time.sleep(1)
         assert pool.address_of("far1") == address
+        deadline = time.monotonic() + 30
         while not any(f"its address {address} recorded again" in e["message"]  # (said after)
                       for e in state.events(100, vm="far1")):
             assert time.monotonic() < deadline, "the record was not said to be made again"
