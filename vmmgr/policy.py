@@ -245,11 +245,14 @@ def decide_hold(w: Watch, remaining: int, iteration: int, now: float, dirty_bps:
     moment vmmgr cannot see coming from one pass to the next (a quiet guest's last passes take
     milliseconds). So QEMU's limit is held back (HOLD_BACK_MS) until the edge holds; the hold
     begins when the pass in flight is about to end, with the policy's limit for QEMU, and
-    QEMU's pause (or vmmgr's, once the rest fits the limit) follows within HOLD_GRACE_S; else
+    QEMU's pause (or vmmgr's, at the first poll past HOLD_GUARD_S where the rest fits the
+    limit) follows within HOLD_GRACE_S; else
     the packets go on to the VM, still running on its source, the limit is held back again and
     the hold is tried again later."""
     if w.holding_since is None:
-        pace = max(speed_bps, w.drain_bps)
+        # At the link's pace: a pass's tail is the guest's data, not the zeros that drain
+        # faster (`polls_fast` watches closely at their pace all the same).
+        pace = speed_bps or w.drain_bps
         if now < w.hold_again_at or pace <= 0:
             return w, []
         left_s = remaining / pace
@@ -259,8 +262,6 @@ def decide_hold(w: Watch, remaining: int, iteration: int, now: float, dirty_bps:
         return w, []
     if now - w.holding_since < HOLD_GUARD_S:
         return w, []
-    if not w.limit_given:  # held: QEMU may pause the VM as it would
-        return replace(w, limit_given=True), [SetDowntime(w.downtime_ms)]
     if w.release_at is not None:  # given up: QEMU held back again, the hold goes after its lag
         if now < w.release_at:
             return w, []
@@ -269,8 +270,13 @@ def decide_hold(w: Watch, remaining: int, iteration: int, now: float, dirty_bps:
             f"not switched over {HOLD_GRACE_S * 1000:.0f} ms after the hold")]
     estimate = paused_estimate_ms(w, remaining, dirty_bps, speed_bps, now)
     if iteration >= 2 and estimate is not None and estimate <= w.downtime_ms:
-        return replace(w, finished=True), [SwitchOver(
-            f"about {estimate:.0f} ms to send with the VM paused (limit {w.downtime_ms} ms)")]
+        # Paused first: QEMU would read its limit only at its next measure of the link.
+        limit = [] if w.limit_given else [SetDowntime(w.downtime_ms)]
+        return replace(w, finished=True, limit_given=True), [SwitchOver(
+            f"about {estimate:.0f} ms to send with the VM paused (limit {w.downtime_ms} ms)"),
+            *limit]
+    if not w.limit_given:  # held: QEMU may pause the VM as it would
+        return replace(w, limit_given=True), [SetDowntime(w.downtime_ms)]
     if now - w.holding_since >= HOLD_GRACE_S:
         return replace(w, release_at=now + QEMU_LIMIT_LAG_S), [SetDowntime(HOLD_BACK_MS)]
     return w, []

@@ -208,6 +208,10 @@ def test_qemus_limit_is_held_back_until_the_edge_holds_near_the_end_of_a_pass():
     assert seen[1][1] == SetDowntime(100) and w.holding_since == 0.99
     assert "ends in about 15 ms" in seen[0][1].reason
     assert polls_fast(w, 1, 100 * MiB, 0.2, 1.0)  # watched closely while it is on
+    # Pass 1 over (QEMU's limit was read at its own pace): what is left fits, vmmgr pauses
+    # the VM at once; QEMU has its limit already.
+    w, actions = decide(BASE, w, int(0.2 * MiB), 2, 1.01, 10 * MiB, 100 * MiB)
+    assert [type(a) for a in actions] == [SwitchOver] and w.finished
 
 
 def test_polls_fast_only_near_a_pass_end_and_never_without_an_edge_that_holds():
@@ -218,12 +222,16 @@ def test_polls_fast_only_near_a_pass_end_and_never_without_an_edge_that_holds():
     assert not polls_fast(w, 1, 100 * MiB, 0.2, 0.5)
 
 
-def test_a_hold_whose_rest_fits_the_limit_pauses_the_vm_at_once():
-    # Pass 2 ends in 30 ms at 1.0 s: held; QEMU has its limit at 1.01 s. At 1.02 s 2 MiB +
-    # 10 MiB/s since the pass began (after the 0.8 s poll) = 4.2 MiB at 100 MiB/s: about 42 ms.
+def test_a_hold_whose_rest_fits_the_limit_pauses_the_vm_at_the_first_poll_past_the_guard():
+    # Pass 2 ends in 30 ms at 1.0 s: held. At 1.01 s (HOLD_GUARD_S on) 2.5 MiB + 10 MiB/s
+    # since the pass began (after the 0.8 s poll) = 4.6 MiB at 100 MiB/s: about 46 ms. vmmgr
+    # pauses the VM then, and gives QEMU its limit after: QEMU reads a new limit only at its
+    # next measure of the link, up to 100 ms later (bench-stall: the hold's lead halved).
     _, w, seen = held_run([(0.8, 30, 1), (1.0, 3, 2), (1.01, 2.5, 2), (1.02, 2, 2)])
-    assert [type(a) for _, a in seen] == [Hold, SetDowntime, SwitchOver] and w.finished
-    assert "about 42 ms" in seen[2][1].reason
+    assert [(t, type(a)) for t, a in seen] == [(1.0, Hold), (1.01, SwitchOver),
+                                               (1.01, SetDowntime)]
+    assert w.finished and seen[2][1] == SetDowntime(100)
+    assert "about 46 ms" in seen[1][1].reason
 
 
 def test_a_hold_not_switched_over_in_its_grace_is_released_and_tried_again_later():
@@ -266,7 +274,7 @@ def test_a_decision_that_ends_the_steering_never_leaves_qemu_held_back_nor_an_ab
     assert w.holding_since == 2.4 and not w.can_hold
 
 
-def test_pages_of_zeros_draining_faster_than_the_link_bring_the_hold_forward():
+def test_pages_of_zeros_draining_fast_are_watched_closely_but_the_hold_waits_for_the_links_pace():
     # The link says 100 MiB/s, but what is left shrank 40 MiB in 0.1 s (zeros): 400 MiB/s.
     w, _ = start(BASE, 0.0, can_hold=True)
     w, seen = decide(BASE, w, 60 * MiB, 1, 0.1, 0, 100 * MiB)
@@ -274,5 +282,9 @@ def test_pages_of_zeros_draining_faster_than_the_link_bring_the_hold_forward():
     w, seen = decide(BASE, w, 20 * MiB, 1, 0.2, 0, 100 * MiB)
     assert seen == [] and w.drain_bps == 400 * MiB
     assert polls_fast(w, 20 * MiB, 100 * MiB, 0.2, 0.2)  # 50 ms left at the pace seen
+    # A pass ends with the guest's data, sent at the link's pace: 6 MiB take 60 ms, not the
+    # 15 ms the zeros' pace says (bench-stall: holds taken that early waited 50-90 ms more).
     w, seen = decide(BASE, w, 6 * MiB, 1, 0.235, 0, 100 * MiB)
-    assert [type(a) for a in seen] == [Hold]  # 15 ms left, not the link's 60 ms
+    assert seen == []
+    w, seen = decide(BASE, w, 3 * MiB, 1, 0.265, 0, 100 * MiB)
+    assert [type(a) for a in seen] == [Hold]  # 30 ms left at the link's pace
