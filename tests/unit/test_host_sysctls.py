@@ -1,0 +1,22 @@
+"""The kernel settings the lab gives each host are the ones the kvm_host role writes."""
+
+from pathlib import Path
+
+import yaml
+
+from vmmgr import lab
+
+TASKS = Path(__file__).resolve().parents[2] / "ansible" / "roles" / "kvm_host" / "tasks" / "main.yml"
+
+
+def role_sysctls() -> dict[str, str]:
+    tasks = yaml.safe_load(TASKS.read_text())
+    return {item["name"]: item["value"] for task in tasks if "ansible.posix.sysctl" in task
+            for item in task.get("loop", [])}
+
+
+def test_the_lab_limits_unsent_tcp_bytes_as_the_role_does():
+    settings = role_sysctls()
+    assert settings["net.ipv4.tcp_notsent_lowat"] == str(lab.TCP_NOTSENT_LOWAT)
+    # Far below the 4 MiB a stream's send buffer grows to, far above what one write holds.
+    assert 64 * 1024 <= lab.TCP_NOTSENT_LOWAT <= 512 * 1024
