@@ -35,6 +35,7 @@ CLIENT = Path(__file__).resolve().parent.parent / "tests" / "lab" / "net_client.
 PROBE = CLIENT.with_name("net_probe.py")
 VM, RATE = "bench-stall", 8
 PROBE_S, PROBE_INTERVAL = 5.0, 0.002  # a move takes 2.5-4 s here: it starts 1 s into the probe
+MOVE_S = 12  # s of stream per move
 
 
 def held_how(result) -> str:
@@ -55,7 +56,9 @@ def main() -> None:
     started = not lab.running_hosts()
     records = lab.up(3)
     ring = [r.name for r in records]
-    mib = RATE * (moves * 5 + 10)  # enough stream for every move, a few seconds apart
+    # Enough stream for every move: one takes 8-10 s here (3 s apart, the probe's 5 s, the
+    # move). A move after the stream's end would see no stall at all (it once counted 5 of 12).
+    mib = RATE * (moves * MOVE_S + 10)
     rows = []
     try:
         image = ensure_builtin(paths.images)
@@ -95,6 +98,8 @@ def main() -> None:
         if started:
             lab.down()
     for (t0, t1, result), probe in zip(windows, probes):
+        if t1 + 2 > seen["last_byte_at"]:
+            raise SystemExit(f"the stream ended before the move at {t0:.0f} s: make MOVE_S longer")
         stall = max((g for end, g in seen["gaps"] if t0 <= end <= t1 + 2), default=0.0)
         rows.append({"source": result.source, "target": result.target,
                      "hold": held_how(result),

@@ -60,7 +60,7 @@ HOST_MAC_PREFIX = "02:76:6d:01:00:"  # + the host's index (host_mac)
 # What a TCP socket on a host may hold unsent (the kvm_host role sets the same). A migration's
 # last bytes, sent with the VM paused, queue behind whatever its stream wrote before: with the
 # default (no limit) that is up to its whole send buffer, 4 MiB, which a 100 Mbit/s WAN takes
-# 0.3 s to drain. At 128 KiB the blackout there fell from 208-253 to 81-97 ms (bench-sites).
+# 0.3 s to drain. At 128 KiB the blackout there fell from 208-253 to 81-88 ms (bench-sites).
 TCP_NOTSENT_LOWAT = 131072
 HOST_MEMORY_MIB = 1024  # what each lab host offers VMs: small, so "no room" is easy to reach
 HOST_VCPUS = 8  # vCPUs may be overcommitted; memory (above) never is

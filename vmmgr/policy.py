@@ -219,8 +219,8 @@ class Watch:
 # hold is on, QEMU's downtime limit is HOLD_BACK_MS: it pauses the VM by itself only when next
 # to nothing is left.
 HOLD_BACK_MS = 1
-# QEMU gets its limit HOLD_GUARD_S after the hold: what the edge sent just before it reaches the
-# VM while it still runs, not a source about to pause.
+# Nothing pauses the VM until HOLD_GUARD_S after the hold (neither vmmgr, nor QEMU, which gets
+# its limit only then): what the edge sent just before reaches the VM while it still runs.
 HOLD_GUARD_S = 0.01
 # QEMU reads a new downtime limit when it next measures the link: up to 100 ms later
 # (BUFFER_DELAY in its migration.c). A hold given up is let go only once that has passed.
@@ -270,11 +270,11 @@ def decide_hold(w: Watch, remaining: int, iteration: int, now: float, dirty_bps:
             f"not switched over {HOLD_GRACE_S * 1000:.0f} ms after the hold")]
     estimate = paused_estimate_ms(w, remaining, dirty_bps, speed_bps, now)
     if iteration >= 2 and estimate is not None and estimate <= w.downtime_ms:
-        # Paused first: QEMU would read its limit only at its next measure of the link.
-        limit = [] if w.limit_given else [SetDowntime(w.downtime_ms)]
-        return replace(w, finished=True, limit_given=True), [SwitchOver(
-            f"about {estimate:.0f} ms to send with the VM paused (limit {w.downtime_ms} ms)"),
-            *limit]
+        # At once, whether or not QEMU has its limit yet (it reads a new one only at its next
+        # measure of the link): a paused VM's migration completes once nothing is left to send.
+        # Nor is it given after: a pause that fails must find QEMU still held back.
+        return replace(w, finished=True), [SwitchOver(
+            f"about {estimate:.0f} ms to send with the VM paused (limit {w.downtime_ms} ms)")]
     if not w.limit_given:  # held: QEMU may pause the VM as it would
         return replace(w, limit_given=True), [SetDowntime(w.downtime_ms)]
     if now - w.holding_since >= HOLD_GRACE_S:

@@ -1,6 +1,7 @@
 """Run in the lab's outside namespace: download from HOST PORT, print one JSON line with the
 byte count, the SHA-256, the longest gap between two receives, every gap over 20 ms (its end on
-the system's monotonic clock, and its length) and how the connection ended. It is one TCP
+the system's monotonic clock, and its length), when the last byte came (that clock) and how the
+connection ended. It is one TCP
 connection from start to end: any reset ends it with an error."""
 
 import hashlib
@@ -29,4 +30,5 @@ except OSError as err:
     error = repr(err)
 print(json.dumps({"bytes": received, "sha256": digest.hexdigest(), "longest_stall_s": round(longest, 3),
                   "seconds": round(time.monotonic() - start, 2), "error": error, "gaps": gaps,
+                  "last_byte_at": round(last, 3),
                   "local_port": sock.getsockname()[1]}))

@@ -225,13 +225,13 @@ def test_polls_fast_only_near_a_pass_end_and_never_without_an_edge_that_holds():
 def test_a_hold_whose_rest_fits_the_limit_pauses_the_vm_at_the_first_poll_past_the_guard():
     # Pass 2 ends in 30 ms at 1.0 s: held. At 1.01 s (HOLD_GUARD_S on) 2.5 MiB + 10 MiB/s
     # since the pass began (after the 0.8 s poll) = 4.6 MiB at 100 MiB/s: about 46 ms. vmmgr
-    # pauses the VM then, and gives QEMU its limit after: QEMU reads a new limit only at its
-    # next measure of the link, up to 100 ms later (bench-stall: the hold's lead halved).
+    # pauses the VM then, not waiting for QEMU, which reads a new limit only at its next
+    # measure of the link, up to 100 ms later (bench-stall: the hold's lead halved). QEMU is
+    # not given the limit at all: a paused VM's migration completes under the 1 ms one, and a
+    # pause that fails must find QEMU still held back.
     _, w, seen = held_run([(0.8, 30, 1), (1.0, 3, 2), (1.01, 2.5, 2), (1.02, 2, 2)])
-    assert [(t, type(a)) for t, a in seen] == [(1.0, Hold), (1.01, SwitchOver),
-                                               (1.01, SetDowntime)]
-    assert w.finished and seen[2][1] == SetDowntime(100)
-    assert "about 46 ms" in seen[1][1].reason
+    assert [(t, type(a)) for t, a in seen] == [(1.0, Hold), (1.01, SwitchOver)]
+    assert w.finished and "about 46 ms" in seen[1][1].reason
 
 
 def test_a_hold_not_switched_over_in_its_grace_is_released_and_tried_again_later():
