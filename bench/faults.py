@@ -307,6 +307,160 @@ def dest_qemu_at_switchover(c: Lab3, fleet: Fleet) -> str:
     return f"{COUNT} runs on host1 again; {address} was routed to host2 at the pause, then back"
 
 
+@fault("worker SIGKILLed with the VM paused for its switch-over, which then completes",
+       (COUNT,))
+def worker_at_switchover_completed(c: Lab3, fleet: Fleet) -> str:
+    return _worker_killed_at_switchover(c, fleet, signal.SIGCONT)
+
+
+@fault("worker SIGKILLed with the VM paused for its switch-over, which then fails", (COUNT,))
+def worker_at_switchover_failed(c: Lab3, fleet: Fleet) -> str:
+    return _worker_killed_at_switchover(c, fleet, signal.SIGKILL)
+
+
+def _worker_killed_at_switchover(c: Lab3, fleet: Fleet, then: int) -> str:
+    # The source has paused the VM for the switch-over (vmmgr's pause or QEMU's) when the
+    # worker that runs the move dies: no run of vmmgr is left to resume a VM it paused. host2's
+    # QEMU is stopped at that pause, so that the switch-over outlasts the worker, then let go
+    # (libvirt completes the move without its client) or killed (the move fails, and libvirt
+    # resumes the VM on host1, as it was running when the move began). Either way the VM runs,
+    # once, and the redelivered task ends the move on host2 (moving it again if it failed).
+    with _stopped_at_switchover(fleet, then) as incoming:
+        task = c.task_of(c.cli("migrate", COUNT, "--to", "host2", "--no-wait"))
+        incoming.wait()
+        c.kill_worker_of(task)
+        time.sleep(3)
+        paused = fleet.host("host1").find_guest(COUNT).state()
+    c.lab.up(3)
+    wait(lambda: c.task_state(task) in ("SUCCESS", "FAILURE")
+         and not c.state.holder("vm", COUNT), VISIBILITY_TIMEOUT + 180,
+         "the redelivered migration did not end")
+    where = [f"{g.host_name}:{g.state()}" for g in fleet.find_all(COUNT)]
+    if paused != "paused" or where != ["host2:running"] or c.task_state(task) != "SUCCESS":
+        raise RuntimeError(f"{COUNT} was {paused} on host1 3 s after the worker died; now "
+                           f"{where}, its task {c.task_state(task)}")
+    return f"its task's run {c.state.task(task).get('runs')} ended the move on host2"
+
+
+@fault("destination QEMU hung at the switch-over for 45 s", (COUNT,))
+def dest_qemu_hung_at_switchover(c: Lab3, fleet: Fleet) -> str:
+    # host2's QEMU stops taking the VM the moment the source pauses for the switch-over, and
+    # takes it up again only 45 s later (SIGSTOP, SIGCONT): libvirt alone would wait, the VM
+    # paused on host1. The move's watch of the pause (policy.decide_paused) aborts it after
+    # 10 s. Either QEMU had not sent it all: libvirt resumes the VM on host1, its address goes
+    # back there, and host2's copy, which never ran, is destroyed so that the move ends before
+    # the hang does. Or it had (or host1's QEMU is stuck sending the rest): the VM stays paused
+    # until host2 takes it up again, host2's copy untouched (destroyed, it could take the VM
+    # with it), and libvirt then ends the move one way or the other. Never on both hosts.
+    from vmmgr.edge import Edge
+    from vmmgr.render import address_of
+
+    hang_s = 45
+    address = address_of(fleet.locate(COUNT).xml())
+    events: list[tuple[float, str]] = []
+
+    class Report(operations.LocalReport):
+        def progress(self, progress):
+            if progress.event:
+                events.append((time.monotonic(), progress.event))
+
+    moved = threading.Event()
+
+    def end_the_hang() -> None:
+        if incoming.paused.wait(120) and not moved.wait(hang_s):
+            incoming.let_go()
+
+    with _stopped_at_switchover(fleet, signal.SIGCONT) as incoming:
+        threading.Thread(target=end_the_hang, daemon=True).start()
+        try:
+            operations.migrate(fleet, Report(fleet), COUNT, "host2")
+            failed = ""
+        except MigrationFailed as err:
+            failed = str(err)
+        finally:
+            ended = time.monotonic()
+            moved.set()
+        if not incoming.struck:
+            raise RuntimeError("the strike missed the switch-over")
+    where = [f"{g.host_name}:{g.state()}" for g in fleet.find_all(COUNT)]
+    host = where[0].split(":")[0] if len(where) == 1 and where[0].endswith(":running") else None
+    routed = Edge.load(c.paths, c.state).routes().get(address)
+    since = {e: round(t - incoming.struck_at, 1) for t, e in reversed(events)}
+    dropped = next((t for e, t in since.items() if "never run, destroyed" in e), None)
+    back = next((t for e, t in since.items() if "runs on host1 again" in e), None)
+    kept = any("is still paused on host1" in e for e in since)
+    took = ended - incoming.struck_at
+    if dropped is not None:  # resumed on host1 at the abort, the move ended before the hang
+        ok = host == "host1" and back is not None and back < dropped and took < hang_s
+        how = (f"resumed on host1 {back} s after the pause, host2's copy destroyed at "
+               f"{dropped} s, the move ended at {took:.0f} s")
+    else:  # paused until host2 took it up again; libvirt then ended the move
+        ok = host is not None and took >= hang_s - 1
+        how = ("sent whole, the move waited for host2" if kept else
+               "no job stats while paused (host1's QEMU stuck sending the rest)") + (
+            f", then {'completed on host2' if host == 'host2' else 'failed, the VM on host1'}"
+            f" at {took:.0f} s")
+    if not ok or routed != host or (dropped is not None
+                                    and "the target does not take it" not in failed):
+        raise RuntimeError(f"{COUNT} is {where}, {address} routed to {routed}, the move took "
+                           f"{took:.0f} s ({failed or 'completed'}); events: {since}")
+    return how
+
+
+class _stopped_at_switchover:
+    """Stops host2's incoming QEMU of COUNT (SIGSTOP) when host1 pauses COUNT for its
+    switch-over; on leaving, sends it `then` (SIGCONT, or SIGKILL if it is still there)."""
+
+    def __init__(self, fleet: Fleet, then: int):
+        self.host1, self.then = fleet.host("host1"), then
+        self.pid: int | None = None
+        self.found, self.paused = threading.Event(), threading.Event()
+        self.struck = False
+
+    def __enter__(self) -> "_stopped_at_switchover":
+        import libvirt
+
+        def at_source(event: int, detail: int) -> None:
+            if (event == libvirt.VIR_DOMAIN_EVENT_SUSPENDED
+                    and detail == libvirt.VIR_DOMAIN_EVENT_SUSPENDED_MIGRATED
+                    and self.pid and not self.struck):
+                os.kill(self.pid, signal.SIGSTOP)
+                self.struck, self.struck_at = True, time.monotonic()
+                self.paused.set()
+
+        self.token = self.host1.watch_lifecycle(COUNT, at_source)
+        threading.Thread(target=self._find, daemon=True).start()
+        return self
+
+    def _find(self) -> None:  # host2's QEMU runs from libvirt's prepare on
+        while not self.found.wait(0.05):
+            pids = subprocess.run(["pgrep", "-n", "-f", f"guest={COUNT},.*-incoming"],
+                                  capture_output=True, text=True).stdout.split()
+            if pids:
+                self.pid = int(pids[0])
+                self.found.set()
+
+    def let_go(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except (ProcessLookupError, TypeError):
+            pass
+
+    def wait(self) -> None:
+        if not self.paused.wait(120):
+            raise RuntimeError(f"the strike missed the switch-over (host2's QEMU: {self.pid})")
+
+    def __exit__(self, *exc) -> None:
+        self.found.set()
+        self.host1.unwatch(self.token)
+        if self.pid:
+            try:
+                os.kill(self.pid, self.then)
+                os.kill(self.pid, signal.SIGCONT)  # a stopped process takes its signal once run
+            except ProcessLookupError:
+                pass
+
+
 @fault("Redis SIGKILLed mid-reclaim, back 5 s later")
 def redis_mid_reclaim(c: Lab3, fleet: Fleet) -> None:
     task = c.task_of(c.cli("host", "reclaim", "host1", "--no-wait"))

@@ -391,7 +391,7 @@ class _Migration:
             except BaseException:  # refused or cancelled before the target's QEMU started
                 site_consoles.drop_if_empty(self.fleet, guest.name, segment)
                 raise
-        watches = self._follow_switchover(address) if address else []
+        watches = self._follow_switchover(address)
         try:
             try:  # a cancel asked before the job had begun ends the move as one of the job would
                 error = (JobAborted("cancelled before its job began") if self._cancel_asked()
@@ -461,7 +461,8 @@ class _Migration:
 
     def _paused_for_switchover(self) -> None:
         self.source_paused = True
-        self._route_to_target(self.address, "as the source paused for the switch-over")
+        if self.address:
+            self._route_to_target(self.address, "as the source paused for the switch-over")
 
     def _release(self, where: str) -> None:
         """Let what the edge held for the VM go, to wherever its address is routed now. A
@@ -587,8 +588,9 @@ class _Migration:
         except VmmgrError as err:
             self._event(f"local disks left as they are: {_words(err)}")
 
-    def _follow_switchover(self, address: str) -> list:
-        """Move the VM's address at the edge the moment the source pauses for the switch-over
+    def _follow_switchover(self, address: str | None) -> list:
+        """Note the source's pause for the switch-over (`pol.decide_paused` watches it end).
+        Move the VM's address at the edge the moment the source pauses for the switch-over
         (libvirt's lifecycle event, not a poll after the fact), or at the latest when the VM
         resumes on the target. From the pause on, what the edge sends the VM waits on the
         target, whose route to the VM is in place from libvirt's prepare, in the kernel's queue
@@ -607,6 +609,8 @@ class _Migration:
         def at_target(event: int, detail: int) -> None:
             if event == libvirt.VIR_DOMAIN_EVENT_RESUMED:
                 self.resumed_at = self.resumed_at or time.monotonic()
+                if address is None:
+                    return
                 self._route_to_target(address, "at resume")
                 if self.routed and not self.routing_over:  # else run() routes, then releases
                     self._release("to the target at resume")
@@ -759,7 +763,7 @@ class _Migration:
         self._event(f"steering the migration an earlier run left running ({elapsed:.0f} s in)")
         if stats.get("data_total"):  # past setup (see run()): the earlier run may have held
             self._apply(pol.SetDowntime(watch.downtime_ms))  # QEMU's limit back (HOLD_BACK_MS)
-        address = address_of(self.guest.xml(inactive=True))
+        address = self.address = address_of(self.guest.xml(inactive=True))
         edge = self._edge_that_holds(address)
         if edge is not None:  # what the earlier run held goes where the address points now
             try:
@@ -767,6 +771,8 @@ class _Migration:
             except VmmgrError as err:
                 self._event(f"could not release {address} at the edge: {_words(err)}")
         local = local_disks.local_disks(self.guest.xml(inactive=True))  # gone from here after
+        # Paused for its switch-over by the earlier run (or by QEMU): its end is watched.
+        self.source_paused = self.guest.state() == "paused" and not self.guest.postcopy_phase()
 
         def running() -> bool:
             time.sleep(self.poll_interval)
@@ -780,6 +786,16 @@ class _Migration:
     def _monitor(self, running, watch: pol.Watch) -> None:
         """Poll the job while `running()`: apply the policy's decisions, report progress."""
         while running():
+            if watch.gave_up_at is not None:  # its call must still return (`after_giving_up`)
+                if self.lease.lost:
+                    continue  # another holder may act on the VM: nothing more from here
+                watch, actions = pol.after_giving_up(watch, time.monotonic())
+                event = "; ".join(filter(None, [self._back_to_source()] + [
+                    self._apply(a) for a in actions]))
+                if event and self.on_progress and self.last_stats:
+                    self._report(JobProgress.from_stats(self.last_stats, watch.downtime_ms,
+                                                        phase="precopy", event=event))
+                continue
             stats = _active_job_stats(self.guest)
             if not stats:
                 continue
@@ -794,11 +810,16 @@ class _Migration:
             elif stats.get("data_total"):  # past setup: see run()
                 seen = JobProgress.from_stats(stats)
                 memory_left = stats.get("memory_remaining", seen.remaining_bytes)
-                watch, actions = pol.decide(self.policy, watch, seen.remaining_bytes,
-                                            seen.iteration, now, seen.dirty_rate_bps,
-                                            seen.speed_bps, memory_left)
-                self.fast_polls = pol.polls_fast(watch, memory_left, seen.speed_bps,
-                                                 self.poll_interval, now)
+                if (self.source_paused or self.paused) and not (
+                        self.postcopy_started and self._in_postcopy()):
+                    watch, actions = pol.decide_paused(watch, seen.processed_bytes, now)
+                    self.fast_polls = False
+                else:
+                    watch, actions = pol.decide(self.policy, watch, seen.remaining_bytes,
+                                                seen.iteration, now, seen.dirty_rate_bps,
+                                                seen.speed_bps, memory_left)
+                    self.fast_polls = pol.polls_fast(watch, memory_left, seen.speed_bps,
+                                                     self.poll_interval, now)
             event = "; ".join(filter(None, (self._apply(a) for a in actions))) or None
             if self.hold_failed and watch.can_hold:  # QEMU chooses the moment, as without
                 watch = replace(watch, can_hold=False, holding_since=None)
@@ -852,6 +873,8 @@ class _Migration:
                 self.policy_abort = action.reason
                 guest.abort_job()
                 return self._event(f"aborting: {action.reason}")
+            if isinstance(action, pol.DropTarget):
+                return self._drop_target(action.reason)
             if isinstance(action, pol.Pause):
                 guest.pause()
                 self.paused = True
@@ -860,6 +883,47 @@ class _Migration:
             # The job may have ended between the poll and the action; the call's result decides.
             return self._event(f"could not apply {type(action).__name__}: {_words(err)}")
         return None
+
+    def _back_to_source(self) -> str | None:
+        """Once a given-up switch-over has the VM running on its source again (libvirt resumes
+        it at the abort), its address and what the edge held for it go back there at once, not
+        when libvirt's call returns (`after_giving_up`: some 20 s with a hung target)."""
+        if self.routing_over or not self.address or not _is_active(self.guest) or (
+                self.guest.state() != "running"):
+            return None
+        with self.routing:
+            self.routing_over = True  # the target's events route nothing from now on
+            try:  # whoever routed it to the target (this run, at the pause, or an earlier one)
+                self.fleet.route_address(self.address, self.source)
+                self.routed = False
+            except Exception as err:  # run() tries again once the call returns, the reconcile after
+                self._event(f"could not route {self.address} back to {self.source}: {err}")
+        self._release("to the source, running again")
+        return self._event(f"the VM runs on {self.source} again: its address goes back there")
+
+    def _drop_target(self, reason: str) -> str:
+        """Destroy the target's copy of a move whose stalled switch-over was aborted, so that
+        libvirt's call returns: what libvirt says to do with an incoming migration ("cannot
+        abort incoming migration; use virDomainDestroy instead"). Only once the source runs the
+        VM again: libvirt resumed it at the abort and finishes the move cancelled, so it never
+        starts the target's copy. A source still paused had sent the VM whole (the abort
+        changed nothing): its target may yet load it and start it, and a copy destroyed in
+        that moment would take the VM with it, its source undefined. That one waits for the
+        target (the VM paused), tried again every `pol.ABORT_GRACE_S`."""
+        if not _is_active(self.guest) or self.guest.state() != "running":
+            return self._event(f"the copy on {self.target} kept: the VM, sent whole, is still "
+                               f"paused on {self.source}, and {self.target} may yet start it "
+                               f"({reason})")
+        there = self.dest.find_guest(self.guest.name)
+        if there is None or not there.is_active():
+            return self._event(f"no copy left on {self.target} ({reason})")
+        if there.state() == "running":
+            return self._event(f"the copy on {self.target} kept: it runs ({reason})")
+        try:
+            there.destroy()
+        except NotFound:
+            pass  # gone as it died: libvirt drops a transient incoming domain then
+        return self._event(f"the copy on {self.target}, never run, destroyed: {reason}")
 
     def _ended_on_source(self, segment) -> bool:
         """Whether the move surely ended with no copy that will ever write `segment`: the source

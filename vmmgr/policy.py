@@ -189,6 +189,13 @@ class Pause:
 
 
 @dataclass(frozen=True)
+class DropTarget:
+    """Destroy the target's copy of the VM (one that never ran): the move was given up."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Watch:
     """What the monitor remembers between polls."""
 
@@ -211,6 +218,10 @@ class Watch:
     last_remaining: int = 0  # what was left of the memory at the last poll
     drain_bps: int = 0  # how fast what is left shrank between the last two polls of a pass
     pass_from: float = 0.0  # the current pass began after this (the poll before it was seen)
+    paused_sent: int | None = None  # bytes sent, as last seen since the source paused
+    paused_still_since: float = 0.0  # when they last grew (or the pause was seen)
+    gave_up_at: float | None = None  # when a stalled switch-over was aborted
+    next_drop_at: float = 0.0  # ... when the target's copy may next be dropped
 
 
 # A held switch-over (`decide_hold`): hold when the pass in flight ends within HOLD_LEAD_S (QEMU
@@ -229,6 +240,22 @@ HOLD_LEAD_S = 0.04
 HOLD_POLL_S = 0.01
 HOLD_GRACE_S = 0.25
 HOLD_BACKOFF_S = 1.0
+
+
+# Once the source has paused for the switch-over, the rest must go: a target QEMU that stops
+# taking it leaves the VM paused on its source for as long as it hangs, as libvirt waits without
+# a limit (seen on the lab: a stopped target QEMU, 30 s paused with nothing left to send). A
+# pause through which no byte more is sent for this long is given up: the job is aborted. (A
+# forced pause's rest, however long, is sent on; a target host that dies ends the move by
+# itself, through libvirt's keepalive.)
+SWITCHOVER_STALL_S = 10.0
+# The abort resumes the VM on its source if QEMU had not sent it all yet; if it had, the VM
+# stays paused while libvirt waits for the target to load it (both seen on the lab, about half
+# the runs each). Either way libvirt's call returns only once the target's side has ended,
+# which a hung target QEMU never does: the call and the VM's lock would be held for ever. The
+# target's copy is dropped this long after the abort, and tried again as often, but only once
+# the source runs the VM again (`_Migration._drop_target`).
+ABORT_GRACE_S = 10.0
 
 
 def start(policy: Policy, now: float, can_hold: bool = False) -> tuple[Watch, list]:
@@ -280,6 +307,33 @@ def decide_hold(w: Watch, remaining: int, iteration: int, now: float, dirty_bps:
     if now - w.holding_since >= HOLD_GRACE_S:
         return replace(w, release_at=now + QEMU_LIMIT_LAG_S), [SetDowntime(HOLD_BACK_MS)]
     return w, []
+
+
+def decide_paused(w: Watch, sent: int, now: float) -> tuple[Watch, list]:
+    """A poll once the source has paused for the switch-over (by QEMU, by vmmgr, or forced),
+    with the bytes the job has sent: abort if none more went for SWITCHOVER_STALL_S. (Sent, not
+    left: a pause mid-pass adds what the guest dirtied before it to what is left.) An abort
+    once QEMU has sent the last byte changes nothing: libvirt completes or fails the move as
+    it would."""
+    if w.gave_up_at is not None or w.postcopy:
+        return w, []
+    if w.paused_sent is None or sent > w.paused_sent:
+        return replace(w, paused_sent=sent, paused_still_since=now), []
+    still = now - w.paused_still_since
+    if still < SWITCHOVER_STALL_S:
+        return w, []
+    return replace(w, gave_up_at=now, finished=True), [Abort(
+        f"nothing sent for {still:.0f} s with the VM paused for the switch-over: "
+        "the target does not take it")]
+
+
+def after_giving_up(w: Watch, now: float) -> tuple[Watch, list]:
+    """A poll after a stalled switch-over was aborted, libvirt's call not yet returned: drop
+    the target's copy every ABORT_GRACE_S (the move drops it only once it is safe to)."""
+    if w.gave_up_at is None or now < max(w.gave_up_at + ABORT_GRACE_S, w.next_drop_at):
+        return w, []
+    return replace(w, next_drop_at=now + ABORT_GRACE_S), [DropTarget(
+        f"libvirt's call had not returned {now - w.gave_up_at:.0f} s after the abort")]
 
 
 def stop_holding(w: Watch, actions: list, why: str = "") -> tuple[Watch, list]:

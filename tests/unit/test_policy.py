@@ -288,3 +288,39 @@ def test_pages_of_zeros_draining_fast_are_watched_closely_but_the_hold_waits_for
     assert seen == []
     w, seen = decide(BASE, w, 3 * MiB, 1, 0.265, 0, 100 * MiB)
     assert [type(a) for a in seen] == [Hold]  # 30 ms left at the link's pace
+
+
+def test_a_switch_over_that_sends_nothing_for_too_long_is_aborted_then_its_target_dropped():
+    from vmmgr.policy import ABORT_GRACE_S, SWITCHOVER_STALL_S, DropTarget, after_giving_up, \
+        decide_paused
+    w, _ = start(BASE, 0.0)
+    # A forced pause's rest: sent on, however long it takes, so long as bytes go. (What is
+    # left may grow meanwhile: a pause mid-pass adds what the guest dirtied before it.)
+    w, seen = decide_paused(w, 100 * MiB, 1.0)
+    for t in range(2, 30):
+        w, actions = decide_paused(w, (100 + t) * MiB, float(t))
+        seen += actions
+    assert seen == [] and w.paused_still_since == 29.0
+    # No byte more (a target QEMU that stopped taking it: libvirt would wait for ever).
+    w, seen = decide_paused(w, 129 * MiB, 29.0 + SWITCHOVER_STALL_S - 0.1)
+    assert seen == []
+    w, seen = decide_paused(w, 129 * MiB, 29.0 + SWITCHOVER_STALL_S)
+    assert [type(a) for a in seen] == [Abort] and "the target does not take it" in seen[0].reason
+    assert w.finished and w.gave_up_at == 29.0 + SWITCHOVER_STALL_S
+    assert decide_paused(w, 129 * MiB, 60.0)[1] == []  # aborted once
+    # The call still waits on the target: its copy is dropped after the grace, and asked again
+    # as often (the move drops it only once the source runs the VM again).
+    at = w.gave_up_at
+    assert after_giving_up(w, at + ABORT_GRACE_S - 0.1)[1] == []
+    w, seen = after_giving_up(w, at + ABORT_GRACE_S)
+    assert [type(a) for a in seen] == [DropTarget]
+    assert after_giving_up(w, at + 2 * ABORT_GRACE_S - 0.1)[1] == []
+    assert [type(a) for a in after_giving_up(w, at + 2 * ABORT_GRACE_S)[1]] == [DropTarget]
+
+
+def test_a_stalled_switch_over_in_post_copy_is_never_aborted():
+    from vmmgr.policy import SWITCHOVER_STALL_S, decide_paused
+    w, _ = start(BASE, 0.0)
+    w = replace(w, postcopy=True)  # the VM runs on the target: no way back
+    w, _ = decide_paused(w, 5 * MiB, 0.0)
+    assert decide_paused(w, 5 * MiB, SWITCHOVER_STALL_S * 3)[1] == []

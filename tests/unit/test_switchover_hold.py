@@ -270,3 +270,52 @@ def test_an_upgrades_clashing_address_file_is_reported_hourly_until_removed(
     (legacy / "10.78.0.7.conflict").unlink()
     fleet.state.r.delete("vmmgr:address-conflict:10.78.0.7")
     assert reconcile.repair_addresses(fleet, report, []) == [] and len(report.seen) == 1
+
+
+# ---- a stalled switch-over given up: the target's copy goes only if it never ran ----------
+
+class Copy:
+    name = "vm2"
+
+    def __init__(self, state="paused", active=True):
+        self.state_now, self.active, self.destroyed = state, active, False
+
+    def state(self):
+        return self.state_now
+
+    def is_active(self):
+        return self.active
+
+    def destroy(self):
+        self.destroyed = True
+
+
+@pytest.mark.parametrize("source, there, destroyed", [
+    (Copy("running"), Copy("paused"), True),  # libvirt resumed the source at the abort
+    (Copy("paused"), Copy("paused"), False),  # sent whole: its target may yet start it
+    (Copy("running"), Copy("running"), False),  # it ran on the target: never touched
+    (Copy(active=False), Copy("paused"), False),  # the source holds nothing: kept
+    (Copy("running"), None, False),
+], ids=["source resumed", "source still paused", "target runs", "source gone", "no target copy"])
+def test_the_targets_copy_is_dropped_only_while_the_source_holds_the_vm(source, there,
+                                                                        destroyed):
+    m = move(FakeEdge(), source)
+    m.dest = type("Dest", (), {"find_guest": lambda self, name: there})()
+    event = m._drop_target("libvirt's call had not returned 10 s after the abort")
+    assert (there is not None and there.destroyed) == destroyed
+    assert ("never run, destroyed" in event) == destroyed and event in m.events
+
+
+@pytest.mark.parametrize("routed_here", [True, False], ids=["by this run", "by an earlier run"])
+def test_a_given_up_switch_over_sends_the_address_back_once_the_source_runs_again(routed_here):
+    source = Copy("paused")
+    m = move(FakeEdge(), source)
+    routes = []
+    m.fleet = type("Fleet", (), {"route_address": lambda self, ip, host: routes.append(host)})()
+    m._hold("soon")
+    m.routed = routed_here  # to host2, at the pause (an adopting run does not know)
+    assert m._back_to_source() is None and m.held and routes == []  # still paused: not yet
+    source.state_now = "running"  # libvirt resumed it at the abort
+    assert "runs on host1 again" in m._back_to_source()
+    assert routes == ["host1"] and not m.routed and not m.held and m.routing_over
+    assert m._back_to_source() is None and routes == ["host1"]  # once
