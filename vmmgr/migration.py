@@ -910,7 +910,10 @@ class _Migration:
         changed nothing): its target may yet load it and start it, and a copy destroyed in
         that moment would take the VM with it, its source undefined. That one waits for the
         target (the VM paused), tried again every `pol.ABORT_GRACE_S`."""
-        if not _is_active(self.guest) or self.guest.state() != "running":
+        if not _is_active(self.guest):
+            return self._event(f"the copy on {self.target} kept: {self.source} does not hold "
+                               f"the VM ({reason})")
+        if self.guest.state() != "running":
             return self._event(f"the copy on {self.target} kept: the VM, sent whole, is still "
                                f"paused on {self.source}, and {self.target} may yet start it "
                                f"({reason})")
