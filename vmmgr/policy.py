@@ -314,8 +314,9 @@ def decide_paused(w: Watch, sent: int, now: float) -> tuple[Watch, list]:
     with the bytes the job has sent: abort if none more went for SWITCHOVER_STALL_S. (Sent, not
     left: a pause mid-pass adds what the guest dirtied before it to what is left.) An abort
     once QEMU has sent the last byte changes nothing: libvirt completes or fails the move as
-    it would."""
-    if w.gave_up_at is not None or w.postcopy:
+    it would. (The monitor asks only while the source is not in post-copy: one asked for may
+    not have been switched to, and then this is a pre-copy's switch-over like any other.)"""
+    if w.gave_up_at is not None:
         return w, []
     if w.paused_sent is None or sent > w.paused_sent:
         return replace(w, paused_sent=sent, paused_still_since=now), []
