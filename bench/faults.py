@@ -259,46 +259,26 @@ def dest_qemu_at_switchover(c: Lab3, fleet: Fleet) -> str:
     # 16 MiB/s cap makes the switch-over last about a second: the strike lands inside it.
     from dataclasses import replace
 
-    import libvirt
-
     from vmmgr import policy as pol
     from vmmgr.edge import Edge
     from vmmgr.render import address_of
 
     address = address_of(fleet.locate(COUNT).xml())
-    incoming: dict = {}
-
-    class Report(operations.LocalReport):
-        def progress(self, progress):  # the incoming QEMU runs from libvirt's prepare on
-            if "pid" not in incoming:
-                found = subprocess.run(["pgrep", "-n", "-f", f"guest={COUNT},.*-incoming"],
-                                       capture_output=True, text=True).stdout.split()
-                if found:
-                    incoming["pid"] = int(found[0])
-
-    def at_source(event: int, detail: int) -> None:
-        if (event == libvirt.VIR_DOMAIN_EVENT_SUSPENDED
-                and detail == libvirt.VIR_DOMAIN_EVENT_SUSPENDED_MIGRATED and "pid" in incoming):
-            os.kill(incoming["pid"], signal.SIGKILL)
-            incoming["killed"] = time.monotonic()
-
     routes = []  # where the migration sent the address, in order
     route_address = fleet.route_address
     fleet.route_address = lambda ip, host: (routes.append(host), route_address(ip, host))[1]
     saved = pol.POLICIES["safe"]
     pol.POLICIES["safe"] = replace(saved, downtime_start_ms=1000, downtime_steps=0)
-    host1 = fleet.host("host1")
-    token = host1.watch_lifecycle(COUNT, at_source)
-    try:
-        operations.migrate(fleet, Report(fleet), COUNT, "host2", "safe", 16)
-    except MigrationFailed:
-        pass
-    finally:
-        host1.unwatch(token)
-        pol.POLICIES["safe"] = saved
-        del fleet.route_address
-    if "killed" not in incoming:
-        raise RuntimeError(f"the strike missed the switch-over (incoming QEMU: {incoming})")
+    with _struck_at_switchover(fleet, signal.SIGKILL) as incoming:
+        try:
+            operations.migrate(fleet, operations.LocalReport(fleet), COUNT, "host2", "safe", 16)
+        except MigrationFailed:
+            pass
+        finally:
+            pol.POLICIES["safe"] = saved
+            del fleet.route_address
+    if not incoming.struck:
+        raise RuntimeError(f"the strike missed the switch-over (host2's QEMU: {incoming.pid})")
     where = fleet.locate(COUNT).host_name
     routed = Edge.load(c.paths, c.state).routes().get(address)
     if where != "host1" or routed != "host1" or routes != ["host2", "host1"]:
@@ -325,7 +305,7 @@ def _worker_killed_at_switchover(c: Lab3, fleet: Fleet, then: int) -> str:
     # (libvirt completes the move without its client) or killed (the move fails, and libvirt
     # resumes the VM on host1, as it was running when the move began). Either way the VM runs,
     # once, and the redelivered task ends the move on host2 (moving it again if it failed).
-    with _stopped_at_switchover(fleet, then) as incoming:
+    with _struck_at_switchover(fleet, signal.SIGSTOP, then) as incoming:
         task = c.task_of(c.cli("migrate", COUNT, "--to", "host2", "--no-wait"))
         incoming.wait()
         c.kill_worker_of(task)
@@ -370,7 +350,7 @@ def dest_qemu_hung_at_switchover(c: Lab3, fleet: Fleet) -> str:
         if incoming.paused.wait(120) and not moved.wait(hang_s):
             incoming.let_go()
 
-    with _stopped_at_switchover(fleet, signal.SIGCONT) as incoming:
+    with _struck_at_switchover(fleet, signal.SIGSTOP, signal.SIGCONT) as incoming:
         threading.Thread(target=end_the_hang, daemon=True).start()
         try:
             operations.migrate(fleet, Report(fleet), COUNT, "host2")
@@ -407,24 +387,25 @@ def dest_qemu_hung_at_switchover(c: Lab3, fleet: Fleet) -> str:
     return how
 
 
-class _stopped_at_switchover:
-    """Stops host2's incoming QEMU of COUNT (SIGSTOP) when host1 pauses COUNT for its
-    switch-over; on leaving, sends it `then` (SIGCONT, or SIGKILL if it is still there)."""
+class _struck_at_switchover:
+    """Sends host2's incoming QEMU of COUNT `strike` when host1 pauses COUNT for its
+    switch-over; on leaving, sends it `then` if given (SIGCONT, or SIGKILL if it is still
+    there, followed by a SIGCONT so that a stopped process takes it)."""
 
-    def __init__(self, fleet: Fleet, then: int):
-        self.host1, self.then = fleet.host("host1"), then
+    def __init__(self, fleet: Fleet, strike: int, then: int | None = None):
+        self.host1, self.strike, self.then = fleet.host("host1"), strike, then
         self.pid: int | None = None
         self.found, self.paused = threading.Event(), threading.Event()
         self.struck = False
 
-    def __enter__(self) -> "_stopped_at_switchover":
+    def __enter__(self) -> "_struck_at_switchover":
         import libvirt
 
         def at_source(event: int, detail: int) -> None:
             if (event == libvirt.VIR_DOMAIN_EVENT_SUSPENDED
                     and detail == libvirt.VIR_DOMAIN_EVENT_SUSPENDED_MIGRATED
                     and self.pid and not self.struck):
-                os.kill(self.pid, signal.SIGSTOP)
+                os.kill(self.pid, self.strike)
                 self.struck, self.struck_at = True, time.monotonic()
                 self.paused.set()
 
@@ -453,7 +434,7 @@ class _stopped_at_switchover:
     def __exit__(self, *exc) -> None:
         self.found.set()
         self.host1.unwatch(self.token)
-        if self.pid:
+        if self.pid and self.then:
             try:
                 os.kill(self.pid, self.then)
                 os.kill(self.pid, signal.SIGCONT)  # a stopped process takes its signal once run
