@@ -615,6 +615,7 @@ def _cut_during(c: Lab3, fleet: Fleet, phase: str, new_only: bool, expect) -> No
         pass
     finally:
         pol.POLICIES["never-fail"], migration.POSTCOPY_RECOVERY_ATTEMPTS = saved
+        in_postcopy.join()  # a cut it makes is in `cut` before the link is restored
         for timer in cut:
             timer.join()
         c.link(True, new_only)
