@@ -200,11 +200,14 @@ class Guest:
 
     # ---- migration (the engine steers; these only carry its orders to libvirt) ----------
 
-    def migrate_to(self, dest_uri: str, params: dict, flags: int) -> None:
+    def migrate_to(self, dest_uri: str, params: dict, flags: int,
+                   via: libvirt.virConnect | None = None) -> None:
         """libvirt's peer-to-peer migration; blocks until it ends. A failure is raised as
-        vmmgr's error (JobAborted when the job was aborted), with libvirt's words in `detail`."""
+        vmmgr's error (JobAborted when the job was aborted), with libvirt's words in `detail`.
+        `via`: another connection to this host to make the call on (`Host.connection_apart`)."""
         with translated(f"migrate {self.name} from {self.host_name}"):
-            self._dom.migrateToURI3(dest_uri, params, flags)
+            dom = self._dom if via is None else via.lookupByUUIDString(self.uuid)
+            dom.migrateToURI3(dest_uri, params, flags)
 
     def set_max_downtime(self, ms: int) -> None:
         with translated(f"downtime limit of {self.name}"):

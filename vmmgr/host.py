@@ -2,7 +2,8 @@
 
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -137,6 +138,21 @@ class Host:
         except libvirt.libvirtError:
             pass  # a driver without keepalive (a local or test connection)
         return conn
+
+    @contextmanager
+    def connection_apart(self) -> Iterator[libvirt.virConnect]:
+        """A connection of its own, for one call that lasts long (a migration's): sharing the
+        Host's, it can hold up another thread's call on it for KEEPALIVE_INTERVAL_S (libvirt's
+        RPC client loses that caller's wake-up until the next keepalive comes in: seen on the
+        lab, a poll of the job 5 s late right after a switch to post-copy)."""
+        conn = self._connect()
+        try:
+            yield conn
+        finally:
+            try:
+                conn.close()
+            except libvirt.libvirtError:
+                pass
 
     def watch_lifecycle(self, vm: str | None, callback: Callable[..., None]) -> int:
         """Call `callback(event, detail)` on each lifecycle event of `vm` here (of every VM,

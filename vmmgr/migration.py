@@ -712,7 +712,8 @@ class _Migration:
 
         def call() -> None:
             try:
-                self.guest.migrate_to(peer_uri(self.dest.uri), params, flags)
+                with self.fleet.host(self.source).connection_apart() as via:
+                    self.guest.migrate_to(peer_uri(self.dest.uri), params, flags, via=via)
             except Exception as err:  # anything but a return is a failure, never a success
                 outcome["error"] = err
 

@@ -5,6 +5,7 @@ a complete image nothing would resume. Fake hosts and guests answer as libvirt d
 
 import json
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -334,6 +335,7 @@ def _failing_move(tmp_path, mocker, error: Exception):
     guest.state.return_value = "running"
     guest.job_stats.return_value = {"type": 0}
     fleet = mocker.Mock()
+    fleet.host.return_value.connection_apart.side_effect = nullcontext
     fleet.state.cancel_asked.return_value = False
     segment = tmp_path / "vm1@000002-h2.log"
     mocker.patch("vmmgr.site_consoles.new_segment", return_value=segment)
@@ -525,6 +527,7 @@ def _switching_migration(tmp_path, mocker, domain_xml):
                             uri=f"qemu+tls://{name}/system")
             h.watch_lifecycle.side_effect = lambda vm, cb, name=name: callbacks.setdefault(
                 name, cb) and 1
+            h.connection_apart.side_effect = nullcontext
             hosts[name] = h
         return hosts[name]
 
@@ -546,7 +549,7 @@ def test_an_address_moved_at_the_pause_goes_back_when_the_switch_over_fails(tmp_
 
     migration, guest, fleet, callbacks = _switching_migration(tmp_path, mocker, DOMAIN)
 
-    def paused_then_failed(*args):
+    def paused_then_failed(*args, **kwargs):
         callbacks["h1"](libvirt.VIR_DOMAIN_EVENT_SUSPENDED,
                         libvirt.VIR_DOMAIN_EVENT_SUSPENDED_MIGRATED)
         raise libvirt.libvirtError("operation failed: job 'migration out' failed in post-copy "

@@ -3,6 +3,7 @@ VM's lock for the rest of the run) is given up after RESUME_STALL_S without data
 
 import threading
 import time
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import libvirt
@@ -22,7 +23,7 @@ class HungGuest:
         self.moving = moving  # data moves: the resume is slow, not hung
         self.remaining = 1000
 
-    def migrate_to(self, uri, params, flags):
+    def migrate_to(self, uri, params, flags, via=None):
         if not self.released.wait(30):
             raise AssertionError("never released")
         if self.paused:
@@ -41,7 +42,8 @@ class HungGuest:
 
 
 def _migration(guest):
-    dest = SimpleNamespace(uri="qemu+tls://host2/system", record=SimpleNamespace(tls=True))
+    dest = SimpleNamespace(uri="qemu+tls://host2/system", record=SimpleNamespace(tls=True),
+                           connection_apart=nullcontext)
     fleet = SimpleNamespace(host=lambda name: dest)
     lease = SimpleNamespace(lost=False)
     return migration._Migration(fleet, guest, "host2", pol.get_policy("never-fail", 0), None,
