@@ -329,14 +329,36 @@ def dest_qemu_hung_at_switchover(c: Lab3, fleet: Fleet) -> str:
     # paused on host1. The move's watch of the pause (policy.decide_paused) aborts it after
     # 10 s. Either QEMU had not sent it all: libvirt resumes the VM on host1, its address goes
     # back there, and host2's copy, which never ran, is destroyed so that the move ends before
-    # the hang does. Or it had (or host1's QEMU is stuck sending the rest): the VM stays paused
-    # until host2 takes it up again, host2's copy untouched (destroyed, it could take the VM
-    # with it), and libvirt then ends the move one way or the other. Never on both hosts.
+    # the hang does. Or it had: the VM stays paused until host2 takes it up again, host2's
+    # copy untouched (destroyed, it could take the VM with it), and libvirt then ends the move
+    # one way or the other; unless the source's job says the abort took (libvirt then waits
+    # for host2 to end the move, and will not start it): host2's copy is destroyed. Or host1's
+    # QEMU is stuck sending the rest, its monitor silent: host2's copy is destroyed
+    # (policy.decide_unanswered), which fails the send. Never on both hosts.
+    return _hung_at_switchover(c, fleet, COUNT)
+
+
+@fault("destination QEMU hung at a switch-over bigger than the socket", (DIRTY,))
+def dest_qemu_hung_mid_tail(c: Lab3, fleet: Fleet) -> str:
+    # As above, with a switch-over of tens of MiB: a 5 s downtime limit over a 16 MiB/s cap
+    # lets QEMU switch over with the dirtier's whole working set (48 MiB) left, far more than
+    # the sockets between the hosts hold. If QEMU paused the VM, it is then stuck sending the
+    # rest holding its main lock: no query of the job answers, no abort gets through, and
+    # host2's copy is destroyed (policy.decide_unanswered). If vmmgr paused it (the edge's
+    # hold), QEMU's pass blocks without that lock: the abort takes, and libvirt waits for
+    # host2 to end the move, the VM paused; host2's copy is destroyed once the source's job
+    # says cancelled. Either way the move must end before the hang does, the VM on host1.
+    return _hung_at_switchover(c, fleet, DIRTY, before_the_hang=True, policy="safe", bandwidth=16,
+                               downtime_start_ms=5000, downtime_steps=0)
+
+
+def _hung_at_switchover(c: Lab3, fleet: Fleet, vm: str, before_the_hang: bool = False,
+                        **move) -> str:
     from vmmgr.edge import Edge
     from vmmgr.render import address_of
 
     hang_s = 45
-    address = address_of(fleet.locate(COUNT).xml())
+    address = address_of(fleet.locate(vm).xml())
     events: list[tuple[float, str]] = []
 
     class Report(operations.LocalReport):
@@ -350,10 +372,10 @@ def dest_qemu_hung_at_switchover(c: Lab3, fleet: Fleet) -> str:
         if incoming.paused.wait(120) and not moved.wait(hang_s):
             incoming.let_go()
 
-    with _struck_at_switchover(fleet, signal.SIGSTOP, signal.SIGCONT) as incoming:
+    with _struck_at_switchover(fleet, signal.SIGSTOP, signal.SIGCONT, vm) as incoming:
         threading.Thread(target=end_the_hang, daemon=True).start()
         try:
-            operations.migrate(fleet, Report(fleet), COUNT, "host2")
+            operations.migrate(fleet, Report(fleet), vm, "host2", **move)
             failed = ""
         except MigrationFailed as err:
             failed = str(err)
@@ -362,38 +384,43 @@ def dest_qemu_hung_at_switchover(c: Lab3, fleet: Fleet) -> str:
             moved.set()
         if not incoming.struck:
             raise RuntimeError("the strike missed the switch-over")
-    where = [f"{g.host_name}:{g.state()}" for g in fleet.find_all(COUNT)]
+    where = [f"{g.host_name}:{g.state()}" for g in fleet.find_all(vm)]
     host = where[0].split(":")[0] if len(where) == 1 and where[0].endswith(":running") else None
     routed = Edge.load(c.paths, c.state).routes().get(address)
     since = {e: round(t - incoming.struck_at, 1) for t, e in reversed(events)}
-    dropped = next((t for e, t in since.items() if "never run, destroyed" in e), None)
+    drop = next(((e, t) for e, t in since.items() if "never run, destroyed" in e), None)
+    dropped = drop[1] if drop else None
     back = next((t for e, t in since.items() if "runs on host1 again" in e), None)
-    kept = any("is still paused on host1" in e for e in since)
     took = ended - incoming.struck_at
-    if dropped is not None:  # resumed on host1 at the abort, the move ended before the hang
-        ok = host == "host1" and back is not None and back < dropped and took < hang_s
-        how = (f"resumed on host1 {back} s after the pause, host2's copy destroyed at "
-               f"{dropped} s, the move ended at {took:.0f} s")
+    if drop is not None:  # the move ended before the hang, the VM on host1
+        ok = host == "host1" and took < hang_s
+        if "stuck sending" in drop[0]:
+            how = "host1's QEMU stuck sending the rest"
+        elif "libvirt reports the move ended" in drop[0]:
+            how = "the abort took, libvirt waiting for host2 to end the move"
+        else:
+            ok = ok and back is not None and back < dropped
+            how = f"resumed on host1 {back} s after the pause"
+        how += f": host2's copy destroyed at {dropped} s, the move ended at {took:.0f} s"
     else:  # paused until host2 took it up again; libvirt then ended the move
-        ok = host is not None and took >= hang_s - 1
-        how = ("sent whole, the move waited for host2" if kept else
-               "no job stats while paused (host1's QEMU stuck sending the rest)") + (
+        ok = host is not None and took >= hang_s - 1 and not before_the_hang
+        how = ("sent whole, the move waited for host2" if any(
+            "is still paused on host1" in e for e in since) else "nothing done while paused") + (
             f", then {'completed on host2' if host == 'host2' else 'failed, the VM on host1'}"
             f" at {took:.0f} s")
-    if not ok or routed != host or (dropped is not None
-                                    and "the target does not take it" not in failed):
-        raise RuntimeError(f"{COUNT} is {where}, {address} routed to {routed}, the move took "
+    if not ok or routed != host:
+        raise RuntimeError(f"{vm} is {where}, {address} routed to {routed}, the move took "
                            f"{took:.0f} s ({failed or 'completed'}); events: {since}")
     return how
 
 
 class _struck_at_switchover:
-    """Sends host2's incoming QEMU of COUNT `strike` when host1 pauses COUNT for its
+    """Sends host2's incoming QEMU of `vm` `strike` when host1 pauses `vm` for its
     switch-over; on leaving, sends it `then` if given (SIGCONT, or SIGKILL if it is still
     there, followed by a SIGCONT so that a stopped process takes it)."""
 
-    def __init__(self, fleet: Fleet, strike: int, then: int | None = None):
-        self.host1, self.strike, self.then = fleet.host("host1"), strike, then
+    def __init__(self, fleet: Fleet, strike: int, then: int | None = None, vm: str = COUNT):
+        self.host1, self.strike, self.then, self.vm = fleet.host("host1"), strike, then, vm
         self.pid: int | None = None
         self.found, self.paused = threading.Event(), threading.Event()
         self.struck = False
@@ -409,13 +436,13 @@ class _struck_at_switchover:
                 self.struck, self.struck_at = True, time.monotonic()
                 self.paused.set()
 
-        self.token = self.host1.watch_lifecycle(COUNT, at_source)
+        self.token = self.host1.watch_lifecycle(self.vm, at_source)
         threading.Thread(target=self._find, daemon=True).start()
         return self
 
     def _find(self) -> None:  # host2's QEMU runs from libvirt's prepare on
         while not self.found.wait(0.05):
-            pids = subprocess.run(["pgrep", "-n", "-f", f"guest={COUNT},.*-incoming"],
+            pids = subprocess.run(["pgrep", "-n", "-f", f"guest={self.vm},.*-incoming"],
                                   capture_output=True, text=True).stdout.split()
             if pids:
                 self.pid = int(pids[0])

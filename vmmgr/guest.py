@@ -69,6 +69,12 @@ class Guest:
             return "running"
         return None
 
+    def cpu_time_ns(self) -> int:
+        """The CPU time its QEMU has used (libvirt reads it from /proc: no monitor command, so
+        a hung QEMU answers too)."""
+        with translated(f"CPU time of {self.name}"):
+            return int(self._dom.info()[4])
+
     def is_active(self) -> bool:
         with translated(f"state of {self.name}"):
             return bool(self._dom.isActive())

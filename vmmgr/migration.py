@@ -42,6 +42,10 @@ POSTCOPY_RECOVERY_ATTEMPTS = 5
 # on the next pass): libvirt's call may wait on a peer that never answers, and a call that never
 # returns would hold the VM's lock for ever.
 RESUME_STALL_S = 60.0
+# How long the monitor waits for a query of the job while the VM is paused for its switch-over:
+# a source QEMU stuck sending the rest answers nothing (`pol.decide_unanswered`).
+PAUSED_QUERY_S = 2.0
+NO_ANSWER = object()
 
 
 class MigrationCancelled(MigrationFailed):
@@ -333,6 +337,7 @@ class _Migration:
         self.hold_failed = False
         self.progress_lost = False
         self.disks: list[str] = []  # local disks, copied with the memory (set by run())
+        self.query: threading.Thread | None = None  # a job query left waiting (`_query_within`)
 
     def _flags_and_params(self, segment) -> tuple[int, dict]:
         guest = self.guest
@@ -707,6 +712,7 @@ class _Migration:
 
     def _call_and_monitor(self, params: dict, flags: int, watch: pol.Watch) -> Exception | None:
         outcome: dict = {}
+        self.query = None  # one an earlier call left waiting answers for that call
         resuming = bool(flags & libvirt.VIR_MIGRATE_POSTCOPY_RESUME)
         moved, moved_at = None, time.monotonic()
 
@@ -791,13 +797,22 @@ class _Migration:
                 if self.lease.lost:
                     continue  # another holder may act on the VM: nothing more from here
                 watch, actions = pol.after_giving_up(watch, time.monotonic())
-                event = "; ".join(filter(None, [self._back_to_source()] + [
-                    self._apply(a) for a in actions]))
-                if event and self.on_progress and self.last_stats:
-                    self._report(JobProgress.from_stats(self.last_stats, watch.downtime_ms,
-                                                        phase="precopy", event=event))
+                self._report_event("; ".join(filter(None, [self._back_to_source()] + [
+                    self._apply(a) for a in actions])), watch)
                 continue
-            stats = _active_job_stats(self.guest)
+            paused = (self.source_paused or self.paused) and not (
+                self.postcopy_started and self._in_postcopy())
+            stats = self._query_within(PAUSED_QUERY_S) if paused else _active_job_stats(self.guest)
+            if stats is NO_ANSWER:
+                if self.lease.lost:
+                    continue  # another holder may act on the VM: nothing more from here
+                watch, actions = pol.decide_unanswered(watch, time.monotonic(),
+                                                       self._target_cpu_ns())
+                self._report_event("; ".join(filter(None, (self._apply(a) for a in actions))),
+                                   watch)
+                continue
+            if watch.unanswered_since is not None:  # it answers (or failed): not stuck
+                watch = replace(watch, unanswered_since=None)
             if not stats:
                 continue
             self.last_stats = stats
@@ -811,8 +826,7 @@ class _Migration:
             elif stats.get("data_total"):  # past setup: see run()
                 seen = JobProgress.from_stats(stats)
                 memory_left = stats.get("memory_remaining", seen.remaining_bytes)
-                if (self.source_paused or self.paused) and not (
-                        self.postcopy_started and self._in_postcopy()):
+                if paused:
                     watch, actions = pol.decide_paused(watch, seen.processed_bytes, now)
                     self.fast_polls = False
                 else:
@@ -838,6 +852,12 @@ class _Migration:
                 warning = pol.warning(progress.dirty_rate_bps, progress.speed_bps,
                                       self.policy.auto_converge)
                 self._report(replace(progress, warning=warning))
+
+    def _report_event(self, event: str, watch: pol.Watch) -> None:
+        """An event of a poll with no job stats of its own: reported with the last ones."""
+        if event and self.on_progress and self.last_stats:
+            self._report(JobProgress.from_stats(self.last_stats, watch.downtime_ms,
+                                                phase="precopy", event=event))
 
     def _report(self, progress: JobProgress) -> None:
         """Progress is for the watchers: its store being away (a Redis outage) must not stop
@@ -875,7 +895,7 @@ class _Migration:
                 guest.abort_job()
                 return self._event(f"aborting: {action.reason}")
             if isinstance(action, pol.DropTarget):
-                return self._drop_target(action.reason)
+                return self._drop_target(action.reason, action.stuck)
             if isinstance(action, pol.Pause):
                 guest.pause()
                 self.paused = True
@@ -902,32 +922,80 @@ class _Migration:
         self._release("to the source, running again")
         return self._event(f"the VM runs on {self.source} again: its address goes back there")
 
-    def _drop_target(self, reason: str) -> str:
-        """Destroy the target's copy of a move whose stalled switch-over was aborted, so that
-        libvirt's call returns: what libvirt says to do with an incoming migration ("cannot
-        abort incoming migration; use virDomainDestroy instead"). Only once the source runs the
-        VM again: libvirt resumed it at the abort and finishes the move cancelled, so it never
-        starts the target's copy. A source still paused had sent the VM whole (the abort
-        changed nothing): its target may yet load it and start it, and a copy destroyed in
-        that moment would take the VM with it, its source undefined. That one waits for the
-        target (the VM paused), tried again every `pol.ABORT_GRACE_S`."""
+    def _target_cpu_ns(self) -> int | None:
+        try:
+            there = self.dest.find_guest(self.guest.name)
+            return there.cpu_time_ns() if there is not None else None
+        except VmmgrError:
+            return None
+
+    def _source_job_ended(self) -> bool:
+        """Whether libvirt reports the source's job cancelled or failed (QEMU's stream broken
+        off), though its call has not returned: it then finishes the move cancelled and never
+        starts the target's copy (libvirt's qemu_migration.c: a Perform that failed calls Finish
+        with cancelled=1, and only a Finish that succeeds starts the target's vCPUs)."""
+        stats = self._query_within(PAUSED_QUERY_S)
+        return isinstance(stats, dict) and stats.get("type") in (
+            libvirt.VIR_DOMAIN_JOB_CANCELLED, libvirt.VIR_DOMAIN_JOB_FAILED)
+
+    def _query_within(self, seconds: float):
+        """The job's stats, or NO_ANSWER if libvirt's query does not return within `seconds`
+        (it is left to return in its daemon thread; no other is asked meanwhile)."""
+        if self.query is None:
+            answer: dict = {}
+
+            def ask() -> None:
+                answer["stats"] = _active_job_stats(self.guest)
+
+            self.query = threading.Thread(target=ask, daemon=True,
+                                          name=f"query-{self.guest.name}")
+            self.query.answer = answer
+            self.query.start()
+        self.query.join(seconds)
+        if self.query.is_alive():
+            return NO_ANSWER
+        stats, self.query = self.query.answer.get("stats"), None
+        return stats
+
+    def _drop_target(self, reason: str, stuck: bool = False) -> str | None:
+        """Destroy the target's copy of a move given up at its switch-over, so that libvirt's
+        call returns: what libvirt says to do with an incoming migration ("cannot abort
+        incoming migration; use virDomainDestroy instead"). Only where libvirt will never
+        start that copy:
+        - the source runs the VM again: libvirt resumed it at the abort and finishes the move
+          cancelled;
+        - the source's job reports the move cancelled or failed (`_source_job_ended`), the VM
+          paused while libvirt waits for the hung target to answer its Finish;
+        - the source is `stuck` sending the rest (`pol.decide_unanswered`): its target cannot
+          have the VM whole (checked once more last of all: the query still waits).
+        Otherwise a source still paused may have sent the VM whole: its target may yet load it
+        and start it, and a copy destroyed in that moment would take the VM with it, its source
+        undefined. That one waits for the target, tried again every `pol.ABORT_GRACE_S`."""
         if not _is_active(self.guest):
             return self._event(f"the copy on {self.target} kept: {self.source} does not hold "
                                f"the VM ({reason})")
-        if self.guest.state() != "running":
+        state = self.guest.state()
+        if state == "running" or (state == "paused" and stuck):
+            why = reason
+        elif state == "paused" and self._source_job_ended():
+            why = f"{reason}; libvirt reports the move ended on {self.source}"
+        else:
             return self._event(f"the copy on {self.target} kept: the VM, sent whole, is still "
-                               f"paused on {self.source}, and {self.target} may yet start it "
+                               f"{state} on {self.source}, and {self.target} may yet start it "
                                f"({reason})")
         there = self.dest.find_guest(self.guest.name)
         if there is None or not there.is_active():
             return self._event(f"no copy left on {self.target} ({reason})")
-        if there.state() == "running":
-            return self._event(f"the copy on {self.target} kept: it runs ({reason})")
+        if there.state() == "running" or there.postcopy_phase() is not None:
+            return self._event(f"the copy on {self.target} kept: it runs, or holds part of the "
+                               f"VM ({reason})")
+        if stuck and state == "paused" and (self.query is None or not self.query.is_alive()):
+            return None  # the source answers again: its numbers decide
         try:
             there.destroy()
         except NotFound:
             pass  # gone as it died: libvirt drops a transient incoming domain then
-        return self._event(f"the copy on {self.target}, never run, destroyed: {reason}")
+        return self._event(f"the copy on {self.target}, never run, destroyed: {why}")
 
     def _ended_on_source(self, segment) -> bool:
         """Whether the move surely ended with no copy that will ever write `segment`: the source

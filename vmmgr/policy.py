@@ -193,6 +193,7 @@ class DropTarget:
     """Destroy the target's copy of the VM (one that never ran): the move was given up."""
 
     reason: str
+    stuck: bool = False  # the source's QEMU does not answer: it has not sent the VM whole
 
 
 @dataclass(frozen=True)
@@ -222,6 +223,8 @@ class Watch:
     paused_still_since: float = 0.0  # when they last grew (or the pause was seen)
     gave_up_at: float | None = None  # when a stalled switch-over was aborted
     next_drop_at: float = 0.0  # ... when the target's copy may next be dropped
+    unanswered_since: float | None = None  # the source's job queries go unanswered since
+    unanswered_cpu_ns: int = 0  # ... the target's QEMU's CPU time then
 
 
 # A held switch-over (`decide_hold`): hold when the pass in flight ends within HOLD_LEAD_S (QEMU
@@ -326,6 +329,38 @@ def decide_paused(w: Watch, sent: int, now: float) -> tuple[Watch, list]:
     return replace(w, gave_up_at=now, finished=True), [Abort(
         f"nothing sent for {still:.0f} s with the VM paused for the switch-over: "
         "the target does not take it")]
+
+
+# A target's QEMU that used no more CPU than this while the source's went unanswered is taken for
+# hung (a stopped process uses none; one still reading the rest, however slowly, uses some).
+TARGET_IDLE_CPU_NS = 20_000_000
+
+
+def decide_unanswered(w: Watch, now: float, target_cpu_ns: int | None) -> tuple[Watch, list]:
+    """A poll once the source has paused for the switch-over whose query of the job got no
+    answer in time. QEMU (10.0) sends the tail of the VM (its last pages, its devices' state,
+    the stream's end) holding its main lock, which its monitor needs; what can hang on storage
+    comes before. So a source that does not answer is stuck sending that tail to a target that
+    does not read it: the target cannot have the VM whole, nor start it (libvirt starts a
+    target's vCPUs only once its QEMU has loaded it all). No answer for SWITCHOVER_STALL_S: the
+    target's copy is dropped (every ABORT_GRACE_S), which fails the source's send, and libvirt
+    resumes the VM there. (An abort could not get through: QEMU's `migrate_cancel` needs the
+    same lock, and libvirt negotiates no out-of-band commands.) Only with the target seen idle
+    all along, its QEMU's CPU time (`target_cpu_ns`, read without its monitor) not moving: a
+    tail that goes slowly is not given up; a target whose CPU time cannot be read is never
+    dropped. The monitor clears `unanswered_since` whenever the source answers."""
+    if w.postcopy or target_cpu_ns is None:
+        return replace(w, unanswered_since=None), []
+    if w.unanswered_since is None or target_cpu_ns - w.unanswered_cpu_ns > TARGET_IDLE_CPU_NS:
+        return replace(w, unanswered_since=now, unanswered_cpu_ns=target_cpu_ns), []
+    since = w.unanswered_since
+    if now - since < SWITCHOVER_STALL_S or now < w.next_drop_at:
+        return w, []
+    return replace(w, next_drop_at=now + ABORT_GRACE_S), [DropTarget(
+        f"the source's QEMU has not answered for {now - since:.0f} s with the VM paused for the "
+        "switch-over, its target idle: it is stuck sending the rest to a target that does not "
+        "take it",
+        stuck=True)]
 
 
 def after_giving_up(w: Watch, now: float) -> tuple[Watch, list]:

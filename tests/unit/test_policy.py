@@ -326,3 +326,26 @@ def test_a_post_copy_asked_for_but_not_switched_to_is_watched_like_any_switch_ov
     w = replace(w, postcopy=True)
     w, _ = decide_paused(w, 5 * MiB, 0.0)
     assert [type(a) for a in decide_paused(w, 5 * MiB, SWITCHOVER_STALL_S)[1]] == [Abort]
+
+
+def test_a_source_that_does_not_answer_while_paused_has_its_idle_target_dropped():
+    from vmmgr.policy import ABORT_GRACE_S, SWITCHOVER_STALL_S, TARGET_IDLE_CPU_NS, DropTarget, \
+        decide_unanswered
+    ms = 1_000_000
+    w, _ = start(BASE, 0.0)
+    w, seen = decide_unanswered(w, 2.0, 500 * ms)  # a query unanswered: the clock starts
+    assert seen == [] and w.unanswered_since == 2.0
+    w = replace(w, unanswered_since=None)  # it answered after all (the monitor clears it)
+    w, _ = decide_unanswered(w, 4.0, 500 * ms)
+    assert decide_unanswered(w, 4.0 + SWITCHOVER_STALL_S - 0.1, 500 * ms)[1] == []
+    # The target kept working (a slow tail, not a hang): the clock starts again.
+    busy, seen = decide_unanswered(w, 4.0 + SWITCHOVER_STALL_S,
+                                   500 * ms + TARGET_IDLE_CPU_NS + 1)
+    assert seen == [] and busy.unanswered_since == 4.0 + SWITCHOVER_STALL_S
+    # Its CPU time unread: never dropped.
+    assert decide_unanswered(w, 4.0 + SWITCHOVER_STALL_S, None)[1] == []
+    w, seen = decide_unanswered(w, 4.0 + SWITCHOVER_STALL_S, 500 * ms + TARGET_IDLE_CPU_NS)
+    assert seen == [DropTarget(seen[0].reason, stuck=True)] and "stuck sending" in seen[0].reason
+    at = 4.0 + SWITCHOVER_STALL_S
+    assert decide_unanswered(w, at + ABORT_GRACE_S - 0.1, 500 * ms)[1] == []  # only after
+    assert [a.stuck for a in decide_unanswered(w, at + ABORT_GRACE_S, 500 * ms)[1]] == [True]

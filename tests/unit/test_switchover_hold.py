@@ -4,6 +4,7 @@ QEMU. The edge and the guest are stand-ins; the lab test (test_network) runs the
 
 import threading
 
+import libvirt
 import pytest
 
 from vmmgr.errors import Conflict, VmmgrError
@@ -40,7 +41,7 @@ def move(edge, guest=None):
     m.hold_edge, m.guest, m.address = edge, guest or FakeGuest(), "10.78.0.2"
     m.source, m.target, m.events = "host1", "host2", []
     m.held = m.source_paused = m.routing_over = m.routed = m.paused = m.hold_failed = False
-    m.paused_at = None
+    m.paused_at = m.query = None
     m.routing, m.hold_lock = threading.Lock(), threading.Lock()
     m._route_to_target = lambda address, why: setattr(m, "routed", True)
     return m
@@ -277,11 +278,19 @@ def test_an_upgrades_clashing_address_file_is_reported_hourly_until_removed(
 class Copy:
     name = "vm2"
 
-    def __init__(self, state="paused", active=True):
+    def __init__(self, state="paused", active=True, job=libvirt.VIR_DOMAIN_JOB_UNBOUNDED,
+                 postcopy=None):
         self.state_now, self.active, self.destroyed = state, active, False
+        self.job, self.postcopy = job, postcopy
 
     def state(self):
         return self.state_now
+
+    def job_stats(self):
+        return {"type": self.job}
+
+    def postcopy_phase(self):
+        return self.postcopy
 
     def is_active(self):
         return self.active
@@ -293,10 +302,17 @@ class Copy:
 @pytest.mark.parametrize("source, there, destroyed", [
     (Copy("running"), Copy("paused"), True),  # libvirt resumed the source at the abort
     (Copy("paused"), Copy("paused"), False),  # sent whole: its target may yet start it
+    # libvirt waits for the target's Finish, the move cancelled or failed: it will not start it
+    (Copy("paused", job=libvirt.VIR_DOMAIN_JOB_CANCELLED), Copy("paused"), True),
+    (Copy("paused", job=libvirt.VIR_DOMAIN_JOB_FAILED), Copy("paused"), True),
+    (Copy("paused", job=libvirt.VIR_DOMAIN_JOB_COMPLETED), Copy("paused"), False),
+    (Copy("running"), Copy("paused", postcopy="failed"), False),  # holds part of the VM
     (Copy("running"), Copy("running"), False),  # it ran on the target: never touched
     (Copy(active=False), Copy("paused"), False),  # the source holds nothing: kept
     (Copy("running"), None, False),
-], ids=["source resumed", "source still paused", "target runs", "source gone", "no target copy"])
+], ids=["source resumed", "source still paused", "source's job cancelled", "source's job failed",
+        "source's job completed", "target in post-copy", "target runs", "source gone",
+        "no target copy"])
 def test_the_targets_copy_is_dropped_only_while_the_source_holds_the_vm(source, there,
                                                                         destroyed):
     m = move(FakeEdge(), source)
@@ -319,3 +335,52 @@ def test_a_given_up_switch_over_sends_the_address_back_once_the_source_runs_agai
     assert "runs on host1 again" in m._back_to_source()
     assert routes == ["host1"] and not m.routed and not m.held and m.routing_over
     assert m._back_to_source() is None and routes == ["host1"]  # once
+
+
+@pytest.mark.parametrize("source, destroyed", [
+    (Copy("paused"), True),  # stuck sending the rest: its target cannot have the VM whole
+    (Copy("running"), True),
+    (Copy(active=False), False),
+], ids=["source paused", "source running", "source gone"])
+def test_a_source_stuck_sending_has_its_target_dropped_even_paused(source, destroyed):
+    import threading
+    m = move(FakeEdge(), source)
+    unstuck = threading.Event()
+    m.query = threading.Thread(target=unstuck.wait, daemon=True)  # the query still waits
+    m.query.start()
+    there = Copy("paused")
+    m.dest = type("Dest", (), {"find_guest": lambda self, name: there})()
+    m._drop_target("no answer for 10 s", stuck=True)
+    assert there.destroyed == destroyed
+    running = Copy("running")
+    m.dest = type("Dest", (), {"find_guest": lambda self, name: running})()
+    m._drop_target("no answer for 10 s", stuck=True)
+    assert not running.destroyed  # a copy that runs: never
+    unstuck.set()
+    m.query.join()
+    again = Copy("paused")
+    m.dest = type("Dest", (), {"find_guest": lambda self, name: again})()
+    m._drop_target("no answer for 10 s", stuck=True)
+    assert again.destroyed == (destroyed and source.state_now == "running")  # it answers
+
+
+def test_a_query_that_does_not_answer_is_waited_for_once():
+    import time as clock
+
+    from vmmgr import migration
+    m = move(FakeEdge())
+    m.query = None
+    asked = []
+
+    class Slow:
+        name = "vm2"
+
+        def job_stats(self):
+            asked.append(1)
+            clock.sleep(0.5)
+            return {"type": 2, "data_processed": 7}
+    m.guest = Slow()
+    assert m._query_within(0.05) is migration.NO_ANSWER
+    assert m._query_within(0.05) is migration.NO_ANSWER and len(asked) == 1  # not asked twice
+    assert m._query_within(1.0) == {"type": 2, "data_processed": 7}
+    assert m.query is None
