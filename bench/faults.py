@@ -392,20 +392,22 @@ def _hung_at_switchover(c: Lab3, fleet: Fleet, vm: str, before_the_hang: bool = 
     dropped = drop[1] if drop else None
     back = next((t for e, t in since.items() if "runs on host1 again" in e), None)
     took = ended - incoming.struck_at
+    aborted = "the target does not take it" in failed  # the policy's abort: the move's error
     if drop is not None:  # the move ended before the hang, the VM on host1
-        ok = host == "host1" and took < hang_s
-        if "stuck sending" in drop[0]:
+        ok = host == "host1" and took < hang_s and bool(failed)
+        if "stuck sending" in drop[0]:  # no abort: libvirt's own error for the broken send
             how = "host1's QEMU stuck sending the rest"
         elif "libvirt reports the move ended" in drop[0]:
+            ok = ok and aborted
             how = "the abort took, libvirt waiting for host2 to end the move"
         else:
-            ok = ok and back is not None and back < dropped
+            ok = ok and aborted and back is not None and back < dropped
             how = f"resumed on host1 {back} s after the pause"
         how += f": host2's copy destroyed at {dropped} s, the move ended at {took:.0f} s"
-    else:  # paused until host2 took it up again; libvirt then ended the move
-        ok = host is not None and took >= hang_s - 1 and not before_the_hang
-        how = ("sent whole, the move waited for host2" if any(
-            "is still paused on host1" in e for e in since) else "nothing done while paused") + (
+    else:  # sent whole: paused until host2 took it up again; libvirt then ended the move
+        ok = (host is not None and took >= hang_s - 1 and not before_the_hang
+              and any("is still paused on host1" in e for e in since))
+        how = "sent whole, the move waited for host2" + (
             f", then {'completed on host2' if host == 'host2' else 'failed, the VM on host1'}"
             f" at {took:.0f} s")
     if not ok or routed != host:

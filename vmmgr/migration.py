@@ -781,9 +781,9 @@ class _Migration:
         # Paused for its switch-over by the earlier run (or by QEMU): its end is watched.
         self.source_paused = self.guest.state() == "paused" and not self.guest.postcopy_phase()
 
-        def running() -> bool:
+        def running() -> bool:  # a source stuck sending answers nothing: the job runs on
             time.sleep(self.poll_interval)
-            return _active_job_stats(self.guest) is not None
+            return self._query_within(PAUSED_QUERY_S) is not None
 
         self._monitor(running, watch)
         if local:
@@ -909,9 +909,12 @@ class _Migration:
         """Once a given-up switch-over has the VM running on its source again (libvirt resumes
         it at the abort), its address and what the edge held for it go back there at once, not
         when libvirt's call returns (`after_giving_up`: some 20 s with a hung target)."""
-        if self.routing_over or not self.address or not _is_active(self.guest) or (
-                self.guest.state() != "running"):
-            return None
+        try:
+            if self.routing_over or not self.address or not _is_active(self.guest) or (
+                    self.guest.state() != "running"):
+                return None
+        except VmmgrError:
+            return None  # the source does not say (gone, or its libvirtd away): not yet
         with self.routing:
             self.routing_over = True  # the target's events route nothing from now on
             try:  # whoever routed it to the target (this run, at the pause, or an earlier one)
@@ -975,6 +978,9 @@ class _Migration:
             return self._event(f"the copy on {self.target} kept: {self.source} does not hold "
                                f"the VM ({reason})")
         state = self.guest.state()
+        if state == "paused" and self.guest.postcopy_phase() is not None:
+            return self._event(f"the copy on {self.target} kept: the source is in post-copy, "
+                               f"its memory split between the hosts ({reason})")
         if state == "running" or (state == "paused" and stuck):
             why = reason
         elif state == "paused" and self._source_job_ended():

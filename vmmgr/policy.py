@@ -348,7 +348,10 @@ def decide_unanswered(w: Watch, now: float, target_cpu_ns: int | None) -> tuple[
     same lock, and libvirt negotiates no out-of-band commands.) Only with the target seen idle
     all along, its QEMU's CPU time (`target_cpu_ns`, read without its monitor) not moving: a
     tail that goes slowly is not given up; a target whose CPU time cannot be read is never
-    dropped. The monitor clears `unanswered_since` whenever the source answers."""
+    dropped. The monitor clears `unanswered_since` whenever the source answers. A post-copy
+    asked for is left alone (unlike `decide_paused`'s abort, a drop is not harmless there: QEMU
+    writes the post-copy package under the same lock, and a target dropped then leaves the
+    source's post-copy failed, with no peer to resume it with)."""
     if w.postcopy or target_cpu_ns is None:
         return replace(w, unanswered_since=None), []
     if w.unanswered_since is None or target_cpu_ns - w.unanswered_cpu_ns > TARGET_IDLE_CPU_NS:

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from vmmgr import console
-from vmmgr.errors import MigrationFailed
+from vmmgr.errors import MigrationFailed, VmmgrError
 from vmmgr.migration import migrate
 from vmmgr.policy import get_policy
 
@@ -73,9 +73,14 @@ class CutInPostcopy:
     def _strike(self) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            there = self.fleet.host(self.target).find_guest(self.vm)
-            phase = there.postcopy_phase() if there is not None else None
-            if phase == "running" and there.state() == "running":
+            try:
+                there = self.fleet.host(self.target).find_guest(self.vm)
+                phase = there.postcopy_phase() if there is not None else None
+                runs = phase == "running" and there.state() == "running"
+            except VmmgrError:  # gone between the calls, or its libvirtd busy: ask again
+                time.sleep(0.1)
+                continue
+            if runs:
                 self.running_since = self.running_since or time.monotonic()
             elif self.running_since is not None:
                 return  # post-copy ended (or failed) before the moment came
@@ -177,7 +182,10 @@ def test_postcopy_recovers_when_the_link_breaks(make_vm, fleet, paths):
                         "dport", "!=", ":16509"], check=True, capture_output=True)
 
     cutter = CutInPostcopy(fleet, "pcrec", "host2", cut_the_stream)
-    result = migrate(fleet, "pcrec", "host2", policy=policy, on_progress=cutter)
+    try:
+        result = migrate(fleet, "pcrec", "host2", policy=policy, on_progress=cutter)
+    finally:
+        cutter.join()  # no cut after the move
     assert cutter.done and result.postcopy
     assert any("recovery attempt 1" in e for e in result.events), result.events
     assert where_defined(fleet, "pcrec") == ["host2"]
@@ -235,6 +243,7 @@ def test_a_postcopy_left_paused_is_recorded_so_and_resumed_when_the_link_returns
         time.sleep(12)  # a reconcile pass or more with the link down: it stays paused, recorded
         assert state.vm("pcpause")["state"] == "postcopy-paused"
     finally:
+        cutter.join()  # no cut after the rule is gone: it would stay
         subprocess.run([*ipt, "-D", "OUTPUT", *rule], capture_output=True)
     # The link is back: beat's reconcile resumes the same migration.
     wait_for(lambda: state.vm("pcpause").get("state") == "running", 90,

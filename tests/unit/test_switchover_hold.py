@@ -307,11 +307,13 @@ class Copy:
     (Copy("paused", job=libvirt.VIR_DOMAIN_JOB_FAILED), Copy("paused"), True),
     (Copy("paused", job=libvirt.VIR_DOMAIN_JOB_COMPLETED), Copy("paused"), False),
     (Copy("running"), Copy("paused", postcopy="failed"), False),  # holds part of the VM
+    (Copy("paused", postcopy="running", job=libvirt.VIR_DOMAIN_JOB_FAILED), Copy("paused"),
+     False),  # the source in post-copy: the VM's memory split between the hosts
     (Copy("running"), Copy("running"), False),  # it ran on the target: never touched
     (Copy(active=False), Copy("paused"), False),  # the source holds nothing: kept
     (Copy("running"), None, False),
 ], ids=["source resumed", "source still paused", "source's job cancelled", "source's job failed",
-        "source's job completed", "target in post-copy", "target runs", "source gone",
+        "source's job completed", "target in post-copy", "source in post-copy", "target runs", "source gone",
         "no target copy"])
 def test_the_targets_copy_is_dropped_only_while_the_source_holds_the_vm(source, there,
                                                                         destroyed):
@@ -341,7 +343,8 @@ def test_a_given_up_switch_over_sends_the_address_back_once_the_source_runs_agai
     (Copy("paused"), True),  # stuck sending the rest: its target cannot have the VM whole
     (Copy("running"), True),
     (Copy(active=False), False),
-], ids=["source paused", "source running", "source gone"])
+    (Copy("paused", postcopy="running"), False),
+], ids=["source paused", "source running", "source gone", "source in post-copy"])
 def test_a_source_stuck_sending_has_its_target_dropped_even_paused(source, destroyed):
     import threading
     m = move(FakeEdge(), source)
@@ -362,6 +365,14 @@ def test_a_source_stuck_sending_has_its_target_dropped_even_paused(source, destr
     m.dest = type("Dest", (), {"find_guest": lambda self, name: again})()
     m._drop_target("no answer for 10 s", stuck=True)
     assert again.destroyed == (destroyed and source.state_now == "running")  # it answers
+
+
+def test_a_source_that_cannot_be_read_sends_nothing_back_yet():
+    class Gone(Copy):
+        def state(self):
+            raise VmmgrError("domain not found")
+    m = move(FakeEdge(), Gone("running"))
+    assert m._back_to_source() is None and not m.routing_over
 
 
 def test_a_query_that_does_not_answer_is_waited_for_once():
