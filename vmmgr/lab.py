@@ -37,7 +37,7 @@ from .devices import Device
 from .inventory import HostRecord, Inventory
 from .state import FleetState
 from .lab_net import LabNetwork, hook_script
-from .lab_wan import Wan, latency, shaping, site_names
+from .lab_wan import WAN_DEV, Wan, latency, shaping, site_names
 from .lab_pki import LabPKI, render_role_template
 from .lab_services import Services
 from .paths import Paths
@@ -224,30 +224,56 @@ class Lab:
 
     def _shape_wan(self, site_of: dict[str, str], wan: Wan | None) -> bool:
         """Each host sends to the hosts of other sites over the WAN; within its site, the LAN.
-        Returns whether the WAN's latency (and loss) are there too: not on a kernel without
-        `sch_netem`, where the WAN is its rate only (said in the log)."""
+        Returns whether the WAN's latency (and loss) are there too. On a kernel without
+        `sch_netem` (this machine's) they come from the delay line (lab_delay.py): what crosses
+        sites goes through each host's `wan0` instead of its link, shaped there as on the link."""
         running = self.running_hosts()
-        delayed = wan is not None
+        services = self.services()
+        services.stop_delay_line()  # the last `up`'s: its devices and routes go with it
+        far = {h.name: [o for o in running if site_of.get(o.name, "") != site_of.get(h.name, "")]
+               for h in running}
+        netem = True
         for h in running:
-            far = [o.ip for o in running if site_of.get(o.name, "") != site_of.get(h.name, "")]
-            for cmd in shaping("eth0", far, wan):
-                proc = self._tc(h, cmd)
-                if proc.returncode and cmd[2] != "del":  # nothing to take away is fine
-                    raise VmmgrError(f"shaping {h.name}'s WAN: {' '.join(cmd)}: "
-                                     f"{proc.stderr.strip()}")
-            delay = latency("eth0", wan) if wan is not None and far else None
+            self._tc_all(h, shaping("eth0", [o.ip for o in far[h.name]], wan))
+            delay = latency("eth0", wan) if wan is not None and far[h.name] else None
             if delay is not None:
                 proc = self._tc(h, delay)
                 if proc.returncode and "unknown" in proc.stderr:
-                    delayed = False
+                    netem = False
                 elif proc.returncode:
                     raise VmmgrError(f"shaping {h.name}'s WAN: {' '.join(delay)}: "
                                      f"{proc.stderr.strip()}")
+        delayed = wan is not None
+        if wan is not None and not netem:
+            self._delay_in_user_space(wan, {h: far[h.name] for h in running if far[h.name]})
+            delayed = services.delay_line_pid() is not None
         if wan is not None:
             self.log(f"sites: {', '.join(f'{n} in {s}' for n, s in sorted(site_of.items()))}; "
-                     f"between sites {wan.words() if delayed else f'{wan.rate_mbit:g} Mbit/s'}"
-                     + ("" if delayed else " (no latency or loss: this kernel has no sch_netem)"))
+                     f"between sites {wan.words()}"
+                     + ("" if netem else " (the latency from a delay line: no sch_netem here)"))
         return delayed
+
+    def _delay_in_user_space(self, wan: Wan, far: dict[LabHost, list[LabHost]]) -> None:
+        """The delay line's devices moved into their hosts, shaped at the WAN's rate, and routed
+        to the far hosts (the link's route, for the same addresses, no longer chosen)."""
+        self.services().start_delay_line(wan.delay_ms, wan.loss_pct,
+                                         {f"vwan-{h.name}": h.ip for h in far})
+        for h, others in far.items():
+            ns = h.namespace
+            _run(["ip", "link", "set", f"vwan-{h.name}", "netns", ns])
+            _run(["ip", "-n", ns, "link", "set", f"vwan-{h.name}", "name", WAN_DEV])
+            _run(["ip", "-n", ns, "link", "set", WAN_DEV, "up"])
+            self._tc_all(h, shaping(WAN_DEV, [o.ip for o in others], wan))
+            for o in others:
+                _run(["ip", "-n", ns, "route", "replace", f"{o.ip}/32", "dev", WAN_DEV,
+                      "src", h.ip])
+
+    def _tc_all(self, h: LabHost, cmds: list[list[str]]) -> None:
+        for cmd in cmds:
+            proc = self._tc(h, cmd)
+            if proc.returncode and cmd[2] != "del":  # nothing to take away is fine
+                raise VmmgrError(f"shaping {h.name}'s WAN: {' '.join(cmd)}: "
+                                 f"{proc.stderr.strip()}")
 
     @staticmethod
     def _tc(h: LabHost, cmd: list[str]) -> subprocess.CompletedProcess:
@@ -256,7 +282,7 @@ class Lab:
 
     def sites(self) -> tuple[int, Wan | None, bool]:
         """The lab's sites as last set up, the WAN between them, and whether its latency and loss
-        are there (False on a kernel without sch_netem: the rate only)."""
+        are there (by netem, or by the delay line where the kernel has no netem)."""
         state = self._read_state()
         return (state.get("sites", 1), Wan(**state["wan"]) if state.get("wan") else None,
                 bool(state.get("wan_latency")))

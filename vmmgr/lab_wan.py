@@ -1,13 +1,16 @@
-"""The lab's sites: its hosts grouped into sites, and a WAN between sites (netem: latency, rate,
-loss) on the links between hosts of different sites; within a site, the plain LAN.
+"""The lab's sites: its hosts grouped into sites, and a WAN between sites (latency, rate, loss)
+on the links between hosts of different sites; within a site, the plain LAN.
 
 Each host shapes what it sends to a host of another site (so a round trip crosses the delay
 twice): an `htb` qdisc on its link, a class at the WAN's rate that only the filters for far hosts
 reach, and netem under that class for the latency and loss. A kernel without `sch_netem` (this
-machine's, see the README) gets the rate only. The edge stays one hop from every site. Pure
-functions build the commands.""" 
+machine's, see the README) gets them from a delay line in user space instead (lab_delay.py),
+behind the same `htb` on a device of its own (`WAN_DEV`). The edge stays one hop from every site.
+Pure functions build the commands."""
 
 from dataclasses import asdict, dataclass
+
+WAN_DEV = "wan0"  # the delay line's device in each host, where the kernel has no netem
 
 
 @dataclass(frozen=True)
