@@ -3,8 +3,8 @@
     ./run bench-sites [--moves 4] [--wans 40:1000,80:100]
 
 The lab: three hosts in two sites (host1 and host2 in site1, host3 in site2), the WAN between the
-sites at each setting (round trip in ms : rate in Mbit/s; the latency needs the kernel's
-sch_netem, which not every kernel has: the report says whether it was applied). One Debian VM
+sites at each setting (round trip in ms : rate in Mbit/s; the latency by the kernel's netem, or
+by the lab's delay line where the kernel has none: the report says if it was not applied). One Debian VM
 (512 MiB, `--local-disk`, 64 MiB of random data written on its disk) moves host1 -> host3 ->
 host1 ..., `--moves` counted moves per method and WAN setting:
   plain       one stream, nothing compressed
@@ -179,7 +179,8 @@ def markdown(report) -> str:
     for r in report["runs"]:
         wan = Wan(**r["wan"])
         words = wan.words() if r["latency_applied"] else (
-            f"{wan.rate_mbit:g} Mbit/s (the {2 * wan.delay_ms:g} ms RTT not applied: no sch_netem)")
+            f"{wan.rate_mbit:g} Mbit/s (the {2 * wan.delay_ms:g} ms RTT not applied: "
+            "no netem, no delay line)")
         lines.append(f"| {words} | {r['method']} | {', '.join(map(str, r['streams']))} | "
                      f"{r['total_ms_p50'] / 1000:.1f} s | {r['limit_s']:.1f} s | "
                      f"{r['ratio']} × | {_s(r.get('first_byte_ms_p50'))} | "

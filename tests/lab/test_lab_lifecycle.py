@@ -13,7 +13,7 @@ import threading
 import libvirt
 import pytest
 
-from vmmgr.lab import (GUEST_BRIDGE, GUEST_GATEWAY_MAC, TCP_NOTSENT_LOWAT, Lab, host_mac,
+from vmmgr.lab import (GUEST_BRIDGE, GUEST_GATEWAY_MAC, HOST_SYSCTLS, Lab, host_mac,
                        lab_host)
 from vmmgr.lab_net import EDGE_MAC, EDGE_NS
 
@@ -105,11 +105,11 @@ def test_lab_up_status_repair_and_down(small_lab, paths):
     assert hostnames == {"host1", "host2"} and len(uuids) == 2
     assert [nic_mac(f"vmmgr-{r.name}") for r in records] == [host_mac(1), host_mac(2)]
     assert nic_mac(EDGE_NS) == EDGE_MAC
-    for r in records:  # as the kvm_host role sets it (tests/unit/test_host_sysctls.py)
-        lowat = subprocess.run(["ip", "netns", "exec", f"vmmgr-{r.name}", "sysctl", "-n",
-                                "net.ipv4.tcp_notsent_lowat"], capture_output=True, text=True,
-                               check=True).stdout.strip()
-        assert lowat == str(TCP_NOTSENT_LOWAT)
+    for r in records:  # as the kvm_host role sets them (tests/unit/test_host_sysctls.py)
+        for key, value in HOST_SYSCTLS.items():
+            seen = subprocess.run(["ip", "netns", "exec", f"vmmgr-{r.name}", "sysctl", "-n", key],
+                                  capture_output=True, text=True, check=True).stdout
+            assert seen.split() == value.split(), key
 
     status = cli("lab", "status", "--json", check_code=0).stdout
     assert status.count('"reachable": true') == 2

@@ -1,5 +1,6 @@
 """Sites in the lab (issue 18's first part): hosts grouped into sites with a WAN between them
-(htb, and netem where the kernel has it, on the links between sites), the inventory knowing each host's site, and placement
+(htb for the rate, and netem for the latency, or the lab's delay line where the kernel has no
+netem, as here), the inventory knowing each host's site, and placement
 keeping moves inside a site while it has room, and a VM's address following it across sites in
 the fleet's store. The lab's storage is still shared by every site (see the README); a VM's local disk crossing the WAN is in test_local_disks.py and the
 training demo's test in test_images.py."""
@@ -42,10 +43,10 @@ def test_moves_stay_in_their_site_and_cross_the_wan_only_when_it_is_full(lab, ma
                                                                check_code=0).stdout)}
         assert hosts == {"host1": "site1", "host2": "site1", "host3": "site2"}
         assert "site" in cli("host", "list", check_code=0).stdout.splitlines()[0]
-        # 40 ms between sites (20 ms each way) where the kernel has sch_netem (this machine's
-        # has not: the WAN is its rate alone, measured below); the LAN inside a site.
-        if lab.sites()[2]:
-            assert rtt_ms("vmmgr-host1", "10.77.0.13") >= 39
+        # 40 ms between sites (20 ms each way; by netem, or the delay line on a kernel without
+        # it, as here); the LAN inside a site. The rate is measured below.
+        assert lab.sites()[2]
+        assert 39 <= rtt_ms("vmmgr-host1", "10.77.0.13") < 60
         assert rtt_ms("vmmgr-host1", "10.77.0.12") < 10
 
         make_vm("roomy", host="host2", memory=256)  # host3 has more room than host2 now
