@@ -214,9 +214,8 @@ class Lab:
             self._write_state(state)
             LabNetwork(self.paths, BRIDGE, self.log).up(
                 {h.name: (h.namespace, h.ip, h.index) for h in self.running_hosts()})
-            delayed = self._shape_wan({r.name: r.site for r in records},
-                                      wan if sites > 1 else None)
-            self._write_state(state | {"wan_latency": sites > 1 and delayed})
+            by = self._shape_wan({r.name: r.site for r in records}, wan if sites > 1 else None)
+            self._write_state(state | {"wan_latency": by})
             if self.tls:  # each host's worker dials libvirt with its host's certificate
                 for h in self.running_hosts():
                     LabPKI.install_client(services.node_home(h.name), self._host_dir(h) / "pki")
@@ -228,20 +227,20 @@ class Lab:
             self._snapshot_hosts()
             return records
 
-    def _shape_wan(self, site_of: dict[str, str], wan: Wan | None) -> bool:
+    def _shape_wan(self, site_of: dict[str, str], wan: Wan | None) -> str | None:
         """Each host sends to the hosts of other sites over the WAN; within its site, the LAN.
-        Returns whether the WAN's latency (and loss) are there too. On a kernel without
-        `sch_netem` (this machine's) they come from the delay line (lab_delay.py): what crosses
-        sites goes through each host's `wan0` instead of its link, shaped there as on the link."""
+        Returns what gives the WAN its latency (and loss): "netem", or on a kernel without
+        `sch_netem` (this machine's) "delay line" (lab_delay.py: what crosses sites goes through
+        each host's `wan0` instead of its link, shaped there as on the link); None: nothing,
+        the WAN is its rate alone."""
         running = self.running_hosts()
-        services = self.services()
-        services.stop_delay_line()  # the last `up`'s: its devices and routes go with it
-        far = {h.name: [o for o in running if site_of.get(o.name, "") != site_of.get(h.name, "")]
+        far = {h: [o for o in running if site_of.get(o.name, "") != site_of.get(h.name, "")]
                for h in running}
+        far = {h: others for h, others in far.items() if others}
         netem = True
         for h in running:
-            self._tc_all(h, shaping("eth0", [o.ip for o in far[h.name]], wan))
-            delay = latency("eth0", wan) if wan is not None and far[h.name] else None
+            self._tc_all(h, shaping("eth0", [o.ip for o in far.get(h, [])], wan))
+            delay = latency("eth0", wan) if wan is not None and h in far else None
             if delay is not None:
                 proc = self._tc(h, delay)
                 if proc.returncode and "unknown" in proc.stderr:
@@ -249,21 +248,35 @@ class Lab:
                 elif proc.returncode:
                     raise VmmgrError(f"shaping {h.name}'s WAN: {' '.join(delay)}: "
                                      f"{proc.stderr.strip()}")
-        delayed = wan is not None
-        if wan is not None and not netem:
-            self._delay_in_user_space(wan, {h: far[h.name] for h in running if far[h.name]})
-            delayed = services.delay_line_pid() is not None
-        if wan is not None:
-            self.log(f"sites: {', '.join(f'{n} in {s}' for n, s in sorted(site_of.items()))}; "
-                     f"between sites {wan.words()}"
-                     + ("" if netem else " (the latency from a delay line: no sch_netem here)"))
-        return delayed
+        if wan is None or not far:
+            self.services().stop_delay_line()
+            return None
+        by = "netem" if netem else self._delay_in_user_space(wan, far)
+        if netem:
+            self.services().stop_delay_line()
+        self.log(f"sites: {', '.join(f'{n} in {s}' for n, s in sorted(site_of.items()))}; "
+                 f"between sites {wan.words() if by else f'{wan.rate_mbit:g} Mbit/s'}"
+                 + ("" if netem else " (the latency from a delay line: no sch_netem here)"
+                    if by else " (no latency or loss: no sch_netem, no delay line)"))
+        return by
 
-    def _delay_in_user_space(self, wan: Wan, far: dict[LabHost, list[LabHost]]) -> None:
+    def _delay_in_user_space(self, wan: Wan, far: dict[LabHost, list[LabHost]]) -> str | None:
         """The delay line's devices moved into their hosts, shaped at the WAN's rate, and routed
-        to the far hosts (the link's route, for the same addresses, no longer chosen)."""
-        self.services().start_delay_line(wan.delay_ms, wan.loss_pct,
-                                         {f"vwan-{h.name}": h.ip for h in far})
+        to the far hosts (the link's route, for the same addresses, no longer chosen). A line
+        that already carries this WAN to every host is kept: an `up` that repairs something
+        else (a worker, a daemon) does not drop the packets of moves in flight."""
+        services = self.services()
+        spec = {"delay_ms": wan.delay_ms, "loss_pct": wan.loss_pct, "rate_mbit": wan.rate_mbit,
+                "devices": {f"vwan-{h.name}": h.ip for h in far}}
+        if services.delay_line() == json.loads(json.dumps(spec)) and all(
+                self._has_wan_dev(h) for h in far):
+            return "delay line"
+        try:
+            services.start_delay_line(spec)
+        except VmmgrError as err:  # e.g. a kernel without TUN: the rate alone, as said
+            self.log(str(err))
+            services.stop_delay_line()
+            return None
         for h, others in far.items():
             ns = h.namespace
             _run(["ip", "link", "set", f"vwan-{h.name}", "netns", ns])
@@ -273,6 +286,12 @@ class Lab:
             for o in others:
                 _run(["ip", "-n", ns, "route", "replace", f"{o.ip}/32", "dev", WAN_DEV,
                       "src", h.ip])
+        return "delay line"
+
+    @staticmethod
+    def _has_wan_dev(h: LabHost) -> bool:
+        return subprocess.run(["ip", "-n", h.namespace, "link", "show", WAN_DEV],
+                              capture_output=True).returncode == 0
 
     def _tc_all(self, h: LabHost, cmds: list[list[str]]) -> None:
         for cmd in cmds:
@@ -290,8 +309,9 @@ class Lab:
         """The lab's sites as last set up, the WAN between them, and whether its latency and loss
         are there (by netem, or by the delay line where the kernel has no netem)."""
         state = self._read_state()
-        return (state.get("sites", 1), Wan(**state["wan"]) if state.get("wan") else None,
-                bool(state.get("wan_latency")))
+        by = state.get("wan_latency")  # "netem", "delay line", or None
+        applied = bool(by) and (by != "delay line" or self.services().delay_line() is not None)
+        return (state.get("sites", 1), Wan(**state["wan"]) if state.get("wan") else None, applied)
 
     def _snapshot_hosts(self) -> None:
         """The hosts as they answer now, for the admission checks (which read the last
@@ -443,6 +463,9 @@ class Lab:
             return None
 
     def _remove_host(self, h: LabHost) -> None:
+        # The delay line first: the other hosts' routes through it to this one would lead
+        # nowhere until `up` ends; without it they take the link, as to a host that went.
+        self.services().stop_delay_line()
         if h.namespace in _namespaces():
             _kill_namespace_processes(h.namespace)
             _run(["ip", "netns", "delete", h.namespace], check=False)

@@ -14,6 +14,7 @@ Every process started here has the lab's directory on its command line, so `stop
 even after a crash that lost the pid files.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -195,30 +196,47 @@ class Services:
                "flower", "--address=127.0.0.1", f"--port={FLOWER_PORT}", "--logging=info"]
         self._spawn("flower", cmd, self.env())
 
-    def start_delay_line(self, delay_ms: float, loss_pct: float, devices: dict[str, str]) -> None:
-        """The WAN's latency in user space (lab_delay.py), with a TUN device for each host
-        (device name -> the host's address), made in the root namespace for `Lab` to move into
-        the hosts'. Any earlier one is stopped first: its devices, and their routes, go with it."""
+    def start_delay_line(self, spec: dict) -> None:
+        """The WAN's latency in user space (lab_delay.py): `spec` has the one-way `delay_ms`,
+        `loss_pct` and the `devices` to make (TUN device name -> its host's address), made in
+        the root namespace for `Lab` to move into the hosts'. Any earlier line is stopped first:
+        its devices, and their routes, go with it."""
         self.stop_delay_line()
         ready = self.root / "delay-line.ready"
         ready.unlink(missing_ok=True)
         cmd = [sys.executable, "-X", f"vmmgr-lab={self.root}", "-m", "vmmgr.lab_delay",
-               "--delay-ms", f"{delay_ms:g}", "--loss-pct", f"{loss_pct:g}", "--ready", str(ready),
-               *(f"{name}={ip}" for name, ip in devices.items())]
+               "--delay-ms", f"{spec['delay_ms']:g}", "--loss-pct", f"{spec['loss_pct']:g}",
+               "--ready", str(ready), *(f"{n}={ip}" for n, ip in spec["devices"].items())]
         pid = self._spawn("delay-line", cmd, self.env())
         _until(lambda: ready.exists() or not _running(pid), READY_TIMEOUT,
                "the WAN's delay line did not start")
         if not ready.exists():
             raise VmmgrError(f"the WAN's delay line exited: see {self.root / 'delay-line.out'}")
+        (self.root / "delay-line.json").write_text(json.dumps(spec, sort_keys=True))
 
-    def stop_delay_line(self) -> None:
-        pid = self._pid("delay-line") if self._alive("delay-line") else None
-        if pid is not None:
-            _signal(pid, signal.SIGTERM)
-            _until(lambda: not _running(pid), 10, "the WAN's delay line did not stop")
+    def delay_line(self) -> dict | None:
+        """The running delay line's spec (None: none runs)."""
+        if not self._alive("delay-line"):
+            return None
+        try:
+            return json.loads((self.root / "delay-line.json").read_text())
+        except (OSError, ValueError):
+            return None
 
     def delay_line_pid(self) -> int | None:
         return self._pid("delay-line") if self._alive("delay-line") else None
+
+    def stop_delay_line(self) -> None:
+        pid = self._pid("delay-line") if self._alive("delay-line") else None
+        (self.root / "delay-line.json").unlink(missing_ok=True)
+        if pid is None:
+            return
+        _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _signal(pid, signal.SIGKILL)
+        _until(lambda: not _running(pid), 10, "the WAN's delay line did not stop")
 
     def worker_pid(self, host: str) -> int | None:
         return self._pid(f"worker-{host}") if self._alive(f"worker-{host}") else None

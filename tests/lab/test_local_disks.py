@@ -189,6 +189,12 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
             for e in c.state.events(count=500)), 30, "not the sweep's doing")
         assert where(fleet, "local1") == ["host2"] and holders(fleet, "local1") == ["host2"]
 
+        # The fleet's view of host3 (the last reconcile's, which admission reads) can still say
+        # unreachable just after the sweep (once in two runs over the 40 ms WAN, refused as
+        # "host host3 is unreachable"; why was not traced): a later pass sees it answer.
+        before = c.state.hosts().get("host3")
+        faults.wait(lambda: c.state.hosts().get("host3", {}).get("reachable"), 30,
+                    f"the fleet never saw host3 again (before the wait: {before})")
         moved = cli("migrate", "local1", "--to", "host3", check_code=0)
         assert "(disk and memory next)" in moved.stdout + moved.stderr
         events = c.state.migrations("local1")[-1]["events"]

@@ -48,6 +48,10 @@ def test_moves_stay_in_their_site_and_cross_the_wan_only_when_it_is_full(lab, ma
         assert lab.sites()[2]
         assert 39 <= rtt_ms("vmmgr-host1", "10.77.0.13") < 60
         assert rtt_ms("vmmgr-host1", "10.77.0.12") < 10
+        if lab.services().delay_line():  # a second `up` with nothing to change keeps the line
+            pid = lab.services().delay_line_pid()
+            lab.up(3, sites=2)
+            assert lab.services().delay_line_pid() == pid and lab.sites()[2]
 
         make_vm("roomy", host="host2", memory=256)  # host3 has more room than host2 now
         make_vm("mover", host="host1")

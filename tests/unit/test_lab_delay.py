@@ -34,6 +34,8 @@ def test_the_loss_is_drawn_per_packet_and_the_queue_is_bounded():
     line = DelayLine(0.0, loss=0.25, rng=random.Random(7))
     sent = sum(line.send(0.0, "a", b"x") for _ in range(4000))
     assert 2850 < sent < 3150 and line.dropped == 4000 - sent
-    full = DelayLine(1.0, limit=3)
-    assert [full.send(0.0, "a", bytes([i])) for i in range(5)] == [True] * 3 + [False] * 2
-    assert [p for _, p in full.due(2.0)] == [b"\x00", b"\x01", b"\x02"] and full.dropped == 2
+    full = DelayLine(1.0, limit_bytes=4)
+    sent = [full.send(0.0, "a", bytes([i]) * 2) for i in range(3)] + [full.send(0.0, "a", b"z")]
+    assert sent == [True, True, False, False] and full.held == 4 and full.dropped == 2
+    assert [p for _, p in full.due(2.0)] == [b"\x00\x00", b"\x01\x01"] and full.held == 0
+    assert full.send(2.0, "a", b"yy")  # room again once they left
