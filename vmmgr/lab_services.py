@@ -155,13 +155,8 @@ class Services:
         """Stop the host's worker (a warm shutdown: it ends what it runs first, as systemd's
         stop does), e.g. to start it again with another view of the storage."""
         pid = self.worker_pid(host)
-        if pid is None:
-            return
-        _signal(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while _running(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        _signal(pid, signal.SIGKILL)
+        if pid is not None:
+            _terminate(pid, 60)
 
     def _spawn_on(self, host: str, ns: str, name: str, python_args: list[str]) -> int:
         """A Python process of the lab's on `host`: in its network namespace and in a mount
@@ -229,14 +224,9 @@ class Services:
     def stop_delay_line(self) -> None:
         pid = self._pid("delay-line") if self._alive("delay-line") else None
         (self.root / "delay-line.json").unlink(missing_ok=True)
-        if pid is None:
-            return
-        _signal(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        while _running(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        _signal(pid, signal.SIGKILL)
-        _until(lambda: not _running(pid), 10, "the WAN's delay line did not stop")
+        if pid is not None:
+            _terminate(pid, 5)
+            _until(lambda: not _running(pid), 10, "the WAN's delay line did not stop")
 
     def worker_pid(self, host: str) -> int | None:
         return self._pid(f"worker-{host}") if self._alive(f"worker-{host}") else None
@@ -307,6 +297,15 @@ def _running(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+def _terminate(pid: int, grace: float) -> None:
+    """SIGTERM, then SIGKILL if it still runs after `grace` seconds."""
+    _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _signal(pid, signal.SIGKILL)
 
 
 def _signal(pid: int, sig: int) -> None:
