@@ -222,7 +222,7 @@ class Services:
         return self._pid("delay-line") if self._alive("delay-line") else None
 
     def stop_delay_line(self) -> None:
-        pid = self._pid("delay-line") if self._alive("delay-line") else None
+        pid = self.delay_line_pid()
         (self.root / "delay-line.json").unlink(missing_ok=True)
         if pid is not None:
             _terminate(pid, 5)
