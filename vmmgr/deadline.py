@@ -88,6 +88,9 @@ class Candidate:
     # The base image under that disk when the target's storage lacks it (another site): a
     # migration sends it first (`site_images`); a suspend keeps only the disk.
     base_mib: float = 0.0
+    # A move's time outside the copy measured over that link (a WAN's round trips); None:
+    # nothing measured, the fleet's `Rates.overhead_s` holds.
+    overhead_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -135,14 +138,15 @@ class Plan:
 def migration_seconds(c: Candidate, bw_mibps: float, rates: Rates) -> tuple[str, float]:
     """("migrate" or "postcopy", estimated seconds) for one stream of `bw_mibps`."""
     sent = rates.sent_mib(c.memory_mib)
+    overhead = rates.overhead_s if c.overhead_s is None else c.overhead_s
     # the base image a site lacks, then the disk's mirror, first; neither is compressed
     disk_s = (c.base_mib + c.disk_mib) / bw_mibps
     if c.dirty_mibps > POSTCOPY_ABOVE * bw_mibps:
         if not c.disk_mib:
-            return "postcopy", sent / bw_mibps + rates.overhead_s
+            return "postcopy", sent / bw_mibps + overhead
         # with a local disk, pre-copy throttled (auto-converge) to what post-copy would leave
-        return "migrate", disk_s + sent / ((1 - POSTCOPY_ABOVE) * bw_mibps) + rates.overhead_s
-    return "migrate", disk_s + sent / (bw_mibps - c.dirty_mibps) + rates.overhead_s
+        return "migrate", disk_s + sent / ((1 - POSTCOPY_ABOVE) * bw_mibps) + overhead
+    return "migrate", disk_s + sent / (bw_mibps - c.dirty_mibps) + overhead
 
 
 def save_seconds(c: Candidate, bw_mibps: float, rates: Rates) -> tuple[str, float]:
@@ -194,6 +198,17 @@ def _link_seconds(members: list[Candidate], rates: Rates) -> float:
     return sum(migration_seconds(m, _stream(m, rates.link_mibps), rates)[1] for m in members)
 
 
+def _link_words(c: Candidate, link_bw: float, rates: Rates) -> str:
+    """What the plan's reason says of a link slower than the fleet's: its rate, and its time
+    outside the copy (a WAN's round trips), as moves over it measured them."""
+    slow = []
+    if c.link_mibps and c.link_mibps < link_bw:
+        slow.append(f"{c.link_mibps:g} MiB/s")
+    if c.overhead_s is not None and c.overhead_s > rates.overhead_s:
+        slow.append(f"{c.overhead_s:g} s a move outside its copy")
+    return f", over a link measured at {' and '.join(slow)}" if slow else ""
+
+
 def _stream(c: Candidate, bw_mibps: float) -> float:
     """A stream's rate for this VM: the fleet's share, or less over a link measured slower."""
     return min(bw_mibps, c.link_mibps) if c.link_mibps else bw_mibps
@@ -219,9 +234,8 @@ def _schedule_in(units, on_link: set[str], deadline_s: float, rates: Rates,
         for m in members:
             if key in on_link:
                 how, secs = migration_seconds(m, _stream(m, link_bw), rates)
-                slow = (f", over a link measured at {m.link_mibps:g} MiB/s"
-                        if m.link_mibps and m.link_mibps < link_bw else "")
-                link_jobs.append((secs, m, how, m.target, f"{m.target} has room{slow}"))
+                link_jobs.append((secs, m, how, m.target,
+                                  f"{m.target} has room{_link_words(m, link_bw, rates)}"))
             else:
                 how, secs = save_seconds(m, save_bw, rates)
                 target = m.target if how == "hibernate" else None

@@ -58,7 +58,8 @@ def reclaim_by(fleet: Fleet, host: str, deadline_at: float, report,
         steps[s.name].target, groups.get(s.name, ""),
         _link(fleet, host, steps[s.name].target), disks.get(s.name, 0.0),
         _base_mib(fleet, by_name[s.name], steps[s.name].target, bases)
-        if disks.get(s.name) else 0.0) for s in sizes}
+        if disks.get(s.name) else 0.0,
+        _link_overhead(fleet, host, steps[s.name].target)) for s in sizes}
     budget = deadline_at - time.time()
     if strategy == "plan":
         plan, run_with = deadline.plan(list(candidates.values()), budget, rates), rates
@@ -301,6 +302,11 @@ def _dirty_words(dirty: dict[str, float]) -> str:
 def _link(fleet: Fleet, source: str, target: str | None) -> float | None:
     """The rate a move from `source` to `target` measured last (a WAN between sites shows)."""
     return fleet.state.link_mibps(source, target) if target else None
+
+
+def _link_overhead(fleet: Fleet, source: str, target: str | None) -> float | None:
+    """A move's time outside the copy that moves from `source` to `target` measured."""
+    return fleet.state.link_overhead_s(source, target) if target else None
 
 
 def measured_rates(r) -> deadline.Rates:

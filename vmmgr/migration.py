@@ -218,10 +218,11 @@ def migrate(
             try:
                 fleet.state.set_link_mibps(source, target, result.link_mibps)
                 if not result.postcopy:  # a post-copy's time says nothing of a set-up's
+                    overhead = max(0.0, (result.wall_ms - result.total_ms) / 1000)
                     fleet.state.learn_move(
                         min(1.0, (result.bytes_transferred - result.disk_bytes) / 2**20
-                            / max(1, memory_mib)),
-                        max(0.0, (result.wall_ms - result.total_ms) / 1000))
+                            / max(1, memory_mib)), overhead)
+                    fleet.state.learn_link_overhead(source, target, overhead)
             except redis.RedisError:
                 pass  # the next move over the link measures it again
         return result

@@ -335,6 +335,21 @@ class FleetState:
     def set_link_mibps(self, source: str, target: str, mibps: float) -> None:
         self.r.hset(P + "links", f"{source}>{target}", f"{mibps:.1f}")
 
+    def link_overhead_s(self, source: str, target: str) -> float | None:
+        """A move's wall time outside QEMU's copy over this link (None: none measured): a
+        move between sites pays its round trips there (QEMU's start on the target, TLS,
+        libvirt's steps, the switch-over), which the fleet's average of mostly near moves
+        would hide."""
+        value = self.r.hget(P + "links:overhead", f"{source}>{target}")
+        return float(value) if value else None
+
+    def learn_link_overhead(self, source: str, target: str, overhead_s: float) -> None:
+        """Each link's running average, the newest move weighing a quarter (as `learn_move`)."""
+        key = f"{source}>{target}"
+        old = self.r.hget(P + "links:overhead", key)
+        new = overhead_s if not old else 0.75 * float(old) + 0.25 * overhead_s
+        self.r.hset(P + "links:overhead", key, f"{new:.2f}")
+
     # ---- a cancel asked of a move before its libvirt job (a base image being sent) ----------
 
     def ask_cancel(self, vm: str, owner: str, ttl: int = 60) -> None:

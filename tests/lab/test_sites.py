@@ -75,6 +75,10 @@ def test_moves_stay_in_their_site_and_cross_the_wan_only_when_it_is_full(lab, ma
         assert_contiguous(ticks(paths, "mover"))  # it went on across the WAN
         # The move measured the WAN (200 Mbit/s is 23.8 MiB/s): the next move over it knows.
         assert state.link_mibps("host2", "host3") < 24
+        # and each link its own time outside the copy (the WAN's round trips are in it), which
+        # the deadline planner costs a move over that link with
+        assert state.link_overhead_s("host2", "host3") > 0
+        assert state.link_overhead_s("host1", "host2") > 0
         # Its console followed it across sites that share no storage: each segment is on the
         # storage of the site whose host wrote it, none where the control node runs, and the
         # CLI reads all of it through the hosts, in order, without a gap.

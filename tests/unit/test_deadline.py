@@ -206,3 +206,18 @@ def test_the_base_a_move_must_send_is_asked_of_its_target_once(mocker, tmp_path)
     assert deadline_run._base_mib(fleet, guest, None, known) == 0.0
     mocker.patch("vmmgr.local_disks.overlay_of", side_effect=VmmgrError("pool gone"))
     assert deadline_run._base_mib(fleet, guest, "h4", known) == 0.0  # the estimate pays
+
+
+def test_a_move_between_sites_is_costed_with_its_links_time_outside_the_copy():
+    # 512 MiB at 100 MiB/s: 5.1 s of copy on either link; the WAN's round trips add 6 s a move
+    rates = Rates(link_mibps=100, link_total_mibps=100, storage_mibps=200, save_streams=1,
+                  overhead_s=1.0, sent_fraction=1.0)
+    near = plan([Candidate("a", 512, target="h2")], 9, rates)
+    assert hows(near) == {"a": "migrate"} and near.moves[0].end_s == pytest.approx(6.12)
+    far = Candidate("a", 512, target="h3", overhead_s=7.0)
+    roomy = plan([far], 60, rates)
+    [move] = roomy.moves
+    assert move.how == "migrate" and move.end_s == pytest.approx(12.12)
+    assert move.reason == "h3 has room, over a link measured at 7 s a move outside its copy"
+    tight = plan([far], 9, rates)  # the WAN's move would end at 12 s: saved instead (3.6 s)
+    assert hows(tight) == {"a": "suspend"} and tight.feasible

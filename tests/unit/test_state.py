@@ -167,3 +167,11 @@ def test_what_moves_teach_reaches_the_deadline_planners_rates(fleet_state):
     fleet_state.learn_move(1.0, 2.0)  # the newest weighs a quarter
     second = measured_rates(fleet_state.r)
     assert second.sent_fraction == pytest.approx(0.79) and second.overhead_s == pytest.approx(1.4)
+
+
+def test_each_link_learns_its_own_time_outside_the_copy(fleet_state):
+    assert fleet_state.link_overhead_s("host1", "host3") is None
+    fleet_state.learn_link_overhead("host1", "host3", 4.0)
+    fleet_state.learn_link_overhead("host1", "host3", 8.0)  # the newest weighs a quarter
+    assert fleet_state.link_overhead_s("host1", "host3") == pytest.approx(5.0)
+    assert fleet_state.link_overhead_s("host3", "host1") is None  # each direction its own
