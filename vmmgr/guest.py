@@ -225,10 +225,12 @@ class Guest:
 
     # ---- to and from storage --------------------------------------------------------------
 
-    def save(self, path: Path) -> None:
-        """libvirt's save (a migration into a file); on failure the guest keeps running."""
+    def save(self, path: Path, via: libvirt.virConnect | None = None) -> None:
+        """libvirt's save (a migration into a file); on failure the guest keeps running.
+        `via`: another connection to this host to make the call on (`Host.connection_apart`)."""
         with translated(f"save {self.name} on {self.host_name}"):
-            self._dom.saveFlags(str(path), None, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+            dom = self._dom if via is None else via.lookupByUUIDString(self.uuid)
+            dom.saveFlags(str(path), None, libvirt.VIR_DOMAIN_SAVE_RUNNING)
 
     def hibernate(self, agent_timeout: int) -> None:
         """Ask the guest agent for suspend-to-disk (the guest writes its image and powers off).

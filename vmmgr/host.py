@@ -214,9 +214,11 @@ class Host:
             return Guest(self.conn.defineXML(xml), self.name)
 
     def restore(self, image: Path, xml: str) -> None:
-        """Restore a saved guest from `image` with definition `xml`, running."""
-        with translated(f"restore {image.parent.name} on {self.name}"):
-            self.conn.restoreFlags(str(image), xml, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+        """Restore a saved guest from `image` with definition `xml`, running; on a connection
+        of its own (it lasts seconds, and a reclaim polls other moves on this host meanwhile)."""
+        with self.connection_apart() as conn, translated(
+                f"restore {image.parent.name} on {self.name}"):
+            conn.restoreFlags(str(image), xml, libvirt.VIR_DOMAIN_SAVE_RUNNING)
 
     def save_image_xml(self, image: Path) -> str:
         """The definition a save image holds."""

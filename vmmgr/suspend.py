@@ -246,7 +246,10 @@ def _suspend_held(fleet: Fleet, vm: str, parked: bool, mode: str | None, lease) 
     partial = d / "image.partial"
     t0 = time.monotonic()
     try:
-        guest.save(partial)
+        # on a connection of its own: a reclaim's moves poll this host meanwhile, and a call
+        # that lasts seconds on theirs can hold one of their polls up (`connection_apart`)
+        with fleet.host(guest.host_name).connection_apart() as conn:
+            guest.save(partial, via=conn)
     except VmmgrError:
         # A failed save leaves the guest running: nothing to undo but the files. An error
         # that only says the answer was lost (the connection broke) may hide a save libvirt

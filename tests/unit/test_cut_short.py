@@ -5,7 +5,7 @@ a complete image nothing would resume. Fake hosts and guests answer as libvirt d
 
 import json
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -63,6 +63,10 @@ class FakeHost:
         if not self.answers:
             raise HostUnreachable(f"host {self.name} does not answer")
         return self.guest
+
+    @contextmanager
+    def connection_apart(self):  # a save's own connection (none needed here)
+        yield None
 
     def define(self, xml):
         self.defined.append(xml)
@@ -452,7 +456,7 @@ def test_a_save_whose_answer_was_lost_keeps_its_intent_for_recovery(tmp_path, mo
     guest.memory_mib, guest.vcpus = lambda: 256, lambda: 1
     guest.device_needs = lambda: ("", 0)
 
-    def lost(path):
+    def lost(path, via=None):
         guest.job = True  # libvirt goes on saving
         raise HostUnreachable("connection to h1 lost")
 
