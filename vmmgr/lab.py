@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -67,7 +67,12 @@ TCP_NOTSENT_LOWAT = 131072
 # held one stream near 540 Mbit/s at 40 ms: 32 MiB for both buffers, as the kvm_host role sets.
 TCP_BUFFERS = {"net.ipv4.tcp_rmem": "4096 131072 33554432",
                "net.ipv4.tcp_wmem": "4096 16384 33554432"}
-HOST_SYSCTLS = {"net.ipv4.tcp_notsent_lowat": str(TCP_NOTSENT_LOWAT), **TCP_BUFFERS}
+# The congestion control a host's TCP uses, as the kvm_host role sets it: a lab host would
+# otherwise take the machine's (a namespace starts with the root's), which need not be what a
+# real host runs. BBR keeps a WAN's rate under random loss, where cubic's falls with it.
+CONGESTION_CONTROL = "bbr"
+HOST_SYSCTLS = {"net.ipv4.tcp_notsent_lowat": str(TCP_NOTSENT_LOWAT), **TCP_BUFFERS,
+                "net.ipv4.tcp_congestion_control": CONGESTION_CONTROL}
 HOST_MEMORY_MIB = 1024  # what each lab host offers VMs: small, so "no room" is easy to reach
 HOST_VCPUS = 8  # vCPUs may be overcommitted; memory (above) never is
 LIBVIRT_DIRS = {  # per-host folder -> the path libvirtd sees
@@ -483,6 +488,7 @@ class Lab:
         _run(["ip", "-n", ns, "addr", "add", f"{h.ip}/24", "dev", "eth0"])
         _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
         _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        _allow_congestion_control(CONGESTION_CONTROL)
         for key, value in HOST_SYSCTLS.items():
             _run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"{key}={value}"])
         _run(["ip", "-n", ns, "link", "add", GUEST_BRIDGE, "type", "bridge"])
@@ -799,6 +805,25 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+def _allow_congestion_control(name: str) -> None:
+    """Let the hosts' namespaces take `name` as their congestion control: the kernel refuses
+    (EPERM) one the machine does not allow to all (its `tcp_allowed_congestion_control`), and
+    knows a modular one only once loaded. A real host sets its own and needs neither."""
+    proc = Path("/proc/sys/net/ipv4")
+    allowed = proc / "tcp_allowed_congestion_control"
+    try:
+        names = allowed.read_text().split()
+        if name in names:
+            return
+        if name not in (proc / "tcp_available_congestion_control").read_text().split():
+            with suppress(OSError):  # no modprobe: the write below says what fails
+                subprocess.run(["modprobe", f"tcp_{name}"], capture_output=True, check=False)
+        allowed.write_text(" ".join([*names, name]))
+    except OSError as err:
+        raise VmmgrError(f"the lab's hosts need TCP congestion control {name} (as the kvm_host "
+                         f"role sets it), which this machine cannot allow: {err}") from err
 
 
 def _bind_in(pid: int, source: Path, target: Path) -> None:

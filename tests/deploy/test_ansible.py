@@ -224,6 +224,10 @@ def test_site_yml_sets_up_a_host_and_an_edge_and_a_second_run_changes_nothing(tr
     assert (host / "etc/pki/libvirt/private/serverkey.pem").stat().st_mode & 0o777 == 0o600
     assert os.access(host / "etc/libvirt/hooks/qemu", os.X_OK)
     assert "VMMGR_HOST=host1" in (host / "etc/vmmgr/vmmgr.env").read_text()
+    # the host's TCP for moves across a WAN, as the lab sets it (vmmgr.lab.HOST_SYSCTLS)
+    sysctls = (host / "etc/sysctl.d/50-vmmgr.conf").read_text()
+    assert "net.ipv4.tcp_congestion_control=bbr" in sysctls.replace(" ", ""), sysctls
+    assert (host / "etc/modules-load.d/vmmgr-bbr.conf").read_text() == "tcp_bbr\n"
     assert "nfs.example.net:/export/vmmgr" in (host / "etc/fstab").read_text()
     assert "bind 127.0.0.1 192.0.2.11" in (host / "etc/redis/redis.conf").read_text()
     assert "10.78.0.0/24" in (edge / "etc/nftables.conf").read_text()

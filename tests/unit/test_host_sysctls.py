@@ -30,3 +30,8 @@ def test_the_lab_sizes_tcp_buffers_for_the_wan_as_the_role_does():
         low, default, high = (int(v) for v in value.split())
         assert low <= default <= high and high >= 2 * 10 * 10**6
     assert lab.HOST_SYSCTLS["net.ipv4.tcp_notsent_lowat"] == str(lab.TCP_NOTSENT_LOWAT)
+
+
+def test_every_setting_the_lab_gives_its_hosts_is_one_the_role_writes():
+    settings = role_sysctls()
+    assert {key: settings.get(key) for key in lab.HOST_SYSCTLS} == lab.HOST_SYSCTLS
