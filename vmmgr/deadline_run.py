@@ -176,8 +176,11 @@ def _carry_out(fleet, report, plan, candidates, deadline_at, rates, outcome, t0,
                     "storage" if move.vm in outcome.suspended and move.how == "suspend"
                     else None)
             if kind:  # the first measurement replaces the prior; later ones average in
+                # over a link that measured its own time outside the copy (a WAN's), that
+                overhead = (c.overhead_s if kind == "link" and c.overhead_s is not None
+                            else rates.overhead_s)
                 rate = ((rates.sent_mib(c.memory_mib) + c.disk_mib)
-                        / max(0.1, spent - rates.overhead_s))
+                        / max(0.1, spent - overhead))
                 seen[kind] = rate if not samples[kind] else 0.5 * seen[kind] + 0.5 * rate
                 samples[kind] += 1
             if kind == "link" and replanning:

@@ -12,7 +12,7 @@ import libvirt
 
 from . import devices
 from .devices import Device
-from .errors import HostUnreachable, NotFound
+from .errors import HostUnreachable, NotFound, VmmgrError
 from .guest import Guest, read_each
 from .inventory import HostRecord
 from .libvirt_errors import translated
@@ -216,9 +216,19 @@ class Host:
     def restore(self, image: Path, xml: str) -> None:
         """Restore a saved guest from `image` with definition `xml`, running; on a connection
         of its own (it lasts seconds, and a reclaim polls other moves on this host meanwhile)."""
-        with self.connection_apart() as conn, translated(
-                f"restore {image.parent.name} on {self.name}"):
-            conn.restoreFlags(str(image), xml, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+        what = f"restore {image.parent.name} on {self.name}"
+        try:
+            apart = self.connection_apart()
+            conn = apart.__enter__()
+        except VmmgrError as err:
+            # Not HostUnreachable: nothing was asked of libvirt, so nothing can have been
+            # restored, and the caller may undo at once (that error means "it may have").
+            raise VmmgrError(f"{what}: not started, no connection of its own ({err})") from err
+        try:
+            with translated(what):
+                conn.restoreFlags(str(image), xml, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+        finally:
+            apart.__exit__(None, None, None)
 
     def save_image_xml(self, image: Path) -> str:
         """The definition a save image holds."""

@@ -123,6 +123,14 @@ class MigrationResult:
     streams: int = 1  # multifd streams, or the one stream
     link_mibps: float = 0.0  # what QEMU measured on the wire over the copy (0: not reported)
     disk_bytes: int = 0  # local disks copied (in bytes_transferred too)
+    base_ms: int = 0  # sending the base image to a site that lacked it first (in wall_ms too)
+
+    @property
+    def outside_copy_s(self) -> float:
+        """The move's time outside QEMU's copy (setup, switch-over, records): what the next
+        move pays again. A base image sent first is not: it is sent once per site, and the
+        planner costs it by its size (`deadline.Candidate.base_mib`)."""
+        return max(0.0, (self.wall_ms - self.total_ms - self.base_ms) / 1000)
 
     @classmethod
     def from_completed_stats(
@@ -218,7 +226,7 @@ def migrate(
             try:
                 fleet.state.set_link_mibps(source, target, result.link_mibps)
                 if not result.postcopy:  # a post-copy's time says nothing of a set-up's
-                    overhead = max(0.0, (result.wall_ms - result.total_ms) / 1000)
+                    overhead = result.outside_copy_s
                     fleet.state.learn_move(
                         min(1.0, (result.bytes_transferred - result.disk_bytes) / 2**20
                             / max(1, memory_mib)), overhead)
@@ -338,6 +346,7 @@ class _Migration:
         self.hold_failed = False
         self.progress_lost = False
         self.disks: list[str] = []  # local disks, copied with the memory (set by run())
+        self.base_ms = 0  # spent sending the disk's base image to the target's site first
         self.query: threading.Thread | None = None  # a job query left waiting (`_query_within`)
 
     def _flags_and_params(self, segment) -> tuple[int, dict]:
@@ -511,7 +520,9 @@ class _Migration:
         storage lacks the base receives it first, once."""
         source = self.fleet.host(self.source)
         capacity, base = local_disks.overlay_of(source.conn, self.guest.name)
+        t0 = time.monotonic()
         if self._send_base(base):
+            self.base_ms = int((time.monotonic() - t0) * 1000)
             self._cancelled_yet("once its base image was sent")
         self._lay(capacity, base)
         self._event(f"local disk laid on {self.target} (over {base})")
@@ -709,6 +720,7 @@ class _Migration:
             guest.name, self.source, self.target, completed, wall_ms,
             started_at, policy=self.policy.name, postcopy=self.postcopy_started,
             events=tuple(self.events), streams=max(1, self.policy.parallel_connections),
+            base_ms=self.base_ms,
         )
 
     def _call_and_monitor(self, params: dict, flags: int, watch: pol.Watch) -> Exception | None:

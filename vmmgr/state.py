@@ -341,7 +341,7 @@ class FleetState:
         libvirt's steps, the switch-over), which the fleet's average of mostly near moves
         would hide."""
         value = self.r.hget(P + "links:overhead", f"{source}>{target}")
-        return float(value) if value else None
+        return float(value) if value and float(value) > 0 else None  # 0: as `measured_rates`
 
     def learn_link_overhead(self, source: str, target: str, overhead_s: float) -> None:
         """Each link's running average, the newest move weighing a quarter (as `learn_move`)."""

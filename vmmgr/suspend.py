@@ -240,6 +240,7 @@ def _suspend_held(fleet: Fleet, vm: str, parked: bool, mode: str | None, lease) 
     lease.check()
     if mode == "guest":
         return _hibernate(fleet, guest, parked)
+    host = fleet.host(guest.host_name)  # before anything starts: nothing to undo if it fails
     d = _begin(guest, parked, "save", inactive_xml=guest.xml(inactive=True, migratable=True),
                d=save_dir(fleet, vm))
     _sync_begun(fleet, vm, d)
@@ -248,7 +249,7 @@ def _suspend_held(fleet: Fleet, vm: str, parked: bool, mode: str | None, lease) 
     try:
         # on a connection of its own: a reclaim's moves poll this host meanwhile, and a call
         # that lasts seconds on theirs can hold one of their polls up (`connection_apart`)
-        with fleet.host(guest.host_name).connection_apart() as conn:
+        with host.connection_apart() as conn:
             guest.save(partial, via=conn)
     except VmmgrError:
         # A failed save leaves the guest running: nothing to undo but the files. An error
@@ -264,7 +265,6 @@ def _suspend_held(fleet: Fleet, vm: str, parked: bool, mode: str | None, lease) 
             raise  # suspended after all, or not this step's failure: recover settles it
         # Its local disk could not be kept: the VM goes back to running on its host from
         # the image just saved (its disk is still there), as if never suspended.
-        host = fleet.host(guest.host_name)
         host.restore(partial, host.save_image_xml(partial))
         shutil.rmtree(d, ignore_errors=True)
         raise VmmgrError(f"{vm} could not be suspended ({err}); it runs on "

@@ -627,3 +627,36 @@ def test_a_local_disk_is_never_removed_where_its_vm_is_defined(mocker):
     with pytest.raises(VmmgrError, match="defined on this host"):
         local_disks.remove(conn, "vm1")
     conn.storagePoolLookupByName.assert_not_called()  # not even looked for
+
+
+def test_a_restore_that_cannot_open_its_own_connection_says_it_never_started(mocker):
+    """HostUnreachable from a restore means "it may have restored" (the claim stays for
+    `recover`); a connection that never opened asked nothing of libvirt, so the resume may
+    undo at once."""
+    from pathlib import Path
+
+    from vmmgr.errors import HostUnreachable, VmmgrError
+    from vmmgr.host import Host
+
+    host = Host.__new__(Host)
+    host.record = SimpleNamespace(name="h1")
+    mocker.patch.object(Host, "_connect", side_effect=HostUnreachable("h1 does not answer"))
+    with pytest.raises(VmmgrError) as raised:
+        host.restore(Path("/storage/saves/vm1/image"), "<domain/>")
+    assert not isinstance(raised.value, HostUnreachable)
+    assert "not started" in str(raised.value) and "h1 does not answer" in str(raised.value)
+
+
+def test_a_restore_runs_on_its_own_connection_and_closes_it(mocker):
+    from pathlib import Path
+
+    from vmmgr.host import Host
+
+    host = Host.__new__(Host)
+    host.record = SimpleNamespace(name="h1")
+    own = mocker.Mock()
+    mocker.patch.object(Host, "_connect", return_value=own)
+    host.restore(Path("/storage/saves/vm1/image"), "<domain/>")
+    own.restoreFlags.assert_called_once()
+    assert own.restoreFlags.call_args.args[:2] == ("/storage/saves/vm1/image", "<domain/>")
+    own.close.assert_called_once()

@@ -1,5 +1,7 @@
 """The deadline planner, without a hypervisor: made-up sizes, dirty rates and bandwidths."""
 
+from dataclasses import replace
+
 import pytest
 
 from vmmgr.deadline import Candidate, Rates, plan
@@ -221,3 +223,13 @@ def test_a_move_between_sites_is_costed_with_its_links_time_outside_the_copy():
     assert move.reason == "h3 has room, over a link measured at 7 s a move outside its copy"
     tight = plan([far], 9, rates)  # the WAN's move would end at 12 s: saved instead (3.6 s)
     assert hows(tight) == {"a": "suspend"} and tight.feasible
+
+
+def test_a_base_image_sent_first_is_not_learnt_as_time_outside_the_copy():
+    from vmmgr.migration import MigrationResult
+
+    moved = MigrationResult("a", "h1", "h3", total_ms=5000, downtime_ms=250,
+                            bytes_transferred=0, memory_iterations=1, wall_ms=98000,
+                            started_at=0.0, base_ms=90000)  # 90 s sending a 2 GiB base
+    assert moved.outside_copy_s == pytest.approx(3.0)
+    assert replace(moved, base_ms=0).outside_copy_s == pytest.approx(93.0)
