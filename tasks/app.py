@@ -1,8 +1,10 @@
 """The Celery app: Redis as broker and result backend, one worker per host.
 
-Queues: `host.<name>` carries work that belongs on one host (the migrations it sends, its saves
-and restores); `control` carries fleet-wide work (placement, drains, reconcile). Every worker
-consumes its own host's queue and `control`.
+Queues: `host.<name>` carries work that belongs on one host (the migrations it sends, its saves);
+`site.<site>` work on one site's storage (resumes, and the reclaims and drains whose saves are
+written there: another site's workers do not see it); `control` fleet-wide work (placement,
+reconcile). Every worker consumes its own host's queue, its site's (where it has one) and
+`control`.
 
 Delivery is at least once. A task is acknowledged only when it ends (acks_late); a worker that
 dies leaves its message unacknowledged and Redis hands it to another worker after the visibility
@@ -25,6 +27,17 @@ CONTROL_QUEUE = "control"
 
 def host_queue(host: str) -> str:
     return f"host.{host}"
+
+
+def site_queue(site: str) -> str:
+    """Work on a site's storage (its saves): every worker of the site consumes it. A fleet
+    that names no site has one storage, seen by every worker: the control queue."""
+    return f"site.{site}" if site else CONTROL_QUEUE
+
+
+def queue_for(host: str | None, site: str | None = None) -> str:
+    """Where a request runs: its host's worker, else its site's, else any."""
+    return host_queue(host) if host else site_queue(site) if site else CONTROL_QUEUE
 
 
 def broker_url() -> str:

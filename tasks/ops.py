@@ -13,7 +13,7 @@ from vmmgr.inventory import HostRecord
 from vmmgr.locks import Lease
 from vmmgr.paths import default_paths
 
-from .app import CONTROL_QUEUE, app
+from .app import CONTROL_QUEUE, RECONCILE_SECONDS, app, site_queue
 from .client import QUEUED_LOCK_TTL, submit
 from .runtime import LockSpec, Run, run_once, state
 
@@ -128,6 +128,22 @@ def reconcile(self) -> dict:
         return {"skipped": "another reconcile is running"}
     try:  # the lease is renewed while it runs: a slow reconcile never overlaps the next
         with Run(self, None) as run, Fleet(default_paths(), run.id) as fleet:
-            return reconciliation.reconcile(fleet, run, start=_submitter(fleet))
+            return reconciliation.reconcile(fleet, run, start=_submitter(fleet),
+                                            start_saves=_start_saves)
     finally:
         lease.__exit__(None, None, None)
+
+
+def _start_saves(site: str) -> None:
+    """Queue a site's pass over its saves on that site's queue: only its workers see them.
+    Sent as the beat sends the reconcile: a message no worker takes up within one period is
+    dropped, and the next pass sends a fresh one."""
+    app.send_task("vmmgr.reconcile_saves", queue=site_queue(site), expires=RECONCILE_SECONDS)
+
+
+@operation("reconcile_saves")
+def reconcile_saves(self) -> dict:
+    """This worker's site's pass over the saves on its storage (`reconcile.reconcile_saves`:
+    one at a time per site)."""
+    with Run(self, None) as run, Fleet(default_paths(), run.id) as fleet:
+        return reconciliation.reconcile_saves(fleet, run)

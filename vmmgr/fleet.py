@@ -125,6 +125,38 @@ class Fleet:
         """host -> its site ("" where none is named)."""
         return {r.name: r.site for r in self.inventory.records()}
 
+    def own_site(self) -> str:
+        """The site whose storage this node sees, and so whose saves it may act on: its host's
+        ($VMMGR_HOST: a host's worker or notice watcher); "" on a node that is none of the
+        fleet's hosts (a control node: the storage of a fleet that names no site)."""
+        me = os.environ.get("VMMGR_HOST")
+        return self.sites().get(me, "") if me else ""
+
+    def save_site(self, save: dict | None, sites: dict[str, str] | None = None) -> str | None:
+        """The site on whose storage a save (the store's copy) lives: the one it was made in;
+        None for no save. (`sites`: `sites()`, read once by a caller asking of many.)"""
+        if save is None:
+            return None
+        made = save.get("record") or save.get("intent") or {}
+        if "site" in made:
+            return made["site"]
+        sites = self.sites() if sites is None else sites
+        return sites.get(made.get("from_host", ""), "")  # a save from before sites
+
+    def sees_save(self, vm: str) -> bool:
+        """Whether this node sees the storage the VM's save (if any) is on: only there is its
+        folder read, changed or taken for gone."""
+        site = self.save_site(self.state.save_of(vm))
+        return self.paths.saves.is_dir() and site in (None, self.own_site())
+
+    def require_save_here(self, vm: str, what: str) -> None:
+        """Refuse `what` of a VM saved on another site's storage (its site's workers run it)."""
+        if self.state.save_of(vm) is not None and not self.sees_save(vm):
+            site = self.save_site(self.state.save_of(vm))
+            where = f"site {site}'s storage" if site else "storage this node does not see"
+            raise Conflict(f"VM {vm!r} is saved on {where}: its {what} runs there (a worker of "
+                           "that site)")
+
     def find_all(self, vm: str, strict: bool = False,
                  among: Iterable[str] | None = None) -> list[Guest]:
         """Every host's copy of the VM (or only those of the hosts named `among`): one, or two
@@ -383,7 +415,11 @@ class Fleet:
         return self._remove_local_disks(vm, [h for h in self.hosts() if h.name != keeper], check)
 
     def disk_kept_with_save(self, vm: str) -> bool:
-        """Suspended, its local disk kept beside its save, and neither half way in nor out."""
+        """Suspended, its local disk kept beside its save, and neither half way in nor out (a
+        save on another site's storage: by the store's copy)."""
+        if not self.sees_save(vm):
+            save = self.state.save_of(vm) or {}
+            return save.get("state") == "saved" and bool(save.get("disk"))
         return self.is_saved_whole(vm) and (self.paths.saves / vm / "disk.json").is_file()
 
     def _tidy_suspended_disks(self, vm: str, check=None) -> list[str]:
@@ -511,9 +547,7 @@ class Fleet:
         """Power the VM off and remove it everywhere (a suspended VM: its image), console logs
         included; returns where it was."""
         with self.lock_vm(vm, f"destroy of {vm}") as lease:
-            if self.state.save_of(vm) is not None and not self.paths.saves.is_dir():
-                raise Conflict(f"VM {vm!r} is saved on storage this node does not see: destroy "
-                               "it where the storage is mounted (a host, a worker)")
+            self.require_save_here(vm, "destroy")
             guest = self.find(vm)
             suspended = self.is_suspended(vm)
             if (guest is None or not guest.is_active()) and not self.is_saved_whole(vm):

@@ -216,7 +216,7 @@ class Host:
     def restore(self, image: Path, xml: str) -> None:
         """Restore a saved guest from `image` with definition `xml`, running; on a connection
         of its own (it lasts seconds, and a reclaim polls other moves on this host meanwhile)."""
-        what = f"restore {image.parent.name} on {self.name}"
+        what = f"restore {image} on {self.name}"
         try:
             apart = self.connection_apart()
             conn = apart.__enter__()

@@ -39,7 +39,7 @@ from .state import FleetState
 from .lab_net import LabNetwork, hook_script
 from .lab_wan import WAN_DEV, Wan, latency, shaping, site_names
 from .lab_pki import LabPKI, render_role_template
-from .lab_services import Services
+from .lab_services import SITE_FOLDERS, Services
 from .paths import Paths
 from .qemu_defects import tcg_migration_warning
 from .workloads import BASE_CMDLINE
@@ -224,7 +224,7 @@ class Lab:
             if self.tls:  # each host's worker dials libvirt with its host's certificate
                 for h in self.running_hosts():
                     LabPKI.install_client(services.node_home(h.name), self._host_dir(h) / "pki")
-            self._give_sites_their_consoles({r.name: r.site for r in records})
+            self._give_sites_their_storage({r.name: r.site for r in records})
             services.start_workers({h.name: h.namespace for h in self.running_hosts()})
             services.start_notice_watchers({h.name: h.namespace for h in self.running_hosts()})
             services.start_beat()
@@ -349,7 +349,7 @@ class Lab:
             shutil.rmtree(self.pki.client_dir, ignore_errors=True)
             self._remove_lab_vm_files()
             shutil.rmtree(self.root / "sites", ignore_errors=True)  # only the lab's VMs' there
-            shutil.rmtree(self.root / "consoles-of", ignore_errors=True)
+            shutil.rmtree(self.root / "site-of", ignore_errors=True)
             (self.root / "state.json").unlink(missing_ok=True)
             return removed
 
@@ -380,15 +380,15 @@ class Lab:
                 for folder in folders:
                     console.LocalConsoles(folder).remove(vm)
                 gone.add(vm)
-        if self.paths.saves.is_dir():
-            for d in self.paths.saves.iterdir():
-                try:
-                    from_host = json.loads((d / "record.json").read_text())["from_host"]
-                except (OSError, ValueError, KeyError):
-                    from_host = None  # a save that never completed: its console tells
-                if from_host in lab_names or (from_host is None and d.name in gone):
-                    shutil.rmtree(d, ignore_errors=True)
-                    gone.add(d.name)
+        saves = [self.paths.saves, *(self.root / "sites").glob("*/saves")]
+        for d in [d for folder in filter(Path.is_dir, saves) for d in folder.iterdir()]:
+            try:
+                from_host = json.loads((d / "record.json").read_text())["from_host"]
+            except (OSError, ValueError, KeyError):
+                from_host = None  # a save that never completed: its console tells
+            if from_host in lab_names or (from_host is None and d.name in gone):
+                shutil.rmtree(d, ignore_errors=True)
+                gone.add(d.name)
         for vm in gone:
             for suffix in ("-swap.img", ".qcow2", "-seed.iso"):  # Fleet.vm_files
                 (self.paths.storage / "disks" / f"{vm}{suffix}").unlink(missing_ok=True)
@@ -549,36 +549,37 @@ class Lab:
         if not self._answers_within(h, FIRST_START_TIMEOUT):
             raise VmmgrError(f"{name}: libvirtd did not come back: {self._diagnosis(h)}")
 
-    def _give_sites_their_consoles(self, site_of: dict[str, str]) -> None:
-        """Each host's libvirtd (and so its QEMUs) and worker see their own site's consoles
-        folder at `<storage>/consoles`, as hosts of sites that share no storage would; the
-        hosts of a lab of one site, the storage's own. When `up` groups the hosts anew, it is
-        bound again in each running libvirtd's mount namespace, and a worker whose folder
-        changed is stopped, for `up` to start it again seeing the new one."""
+    def _give_sites_their_storage(self, site_of: dict[str, str]) -> None:
+        """Each host's libvirtd (and so its QEMUs), worker and notice watcher see their own
+        site's consoles and saves folders (`LabServices.site_folders`) in `<storage>`, as hosts
+        of sites that share no storage would; the hosts of a lab of one site, the storage's
+        own. When `up` groups the hosts anew, they are bound again in each running libvirtd's
+        mount namespace, and the host's other daemons are stopped, for `up` to start them again
+        seeing the new ones."""
         services = self.services()
         for h in self.running_hosts():
-            folder = self._site_consoles(site_of.get(h.name, ""))
-            if folder == services.consoles_of(h.name):
+            site = site_of.get(h.name, "")
+            if site == services.site_of(h.name):
                 continue  # as its daemons were started, or last bound
             if self._count_vms(h):
                 self.log(f"{h.name} changes site with VMs on it: they write on where they "
                          "were, out of its new site's sight (a real host never changes site)")
+            pairs = services.site_folders(site) or [
+                (self.paths.storage / kind, self.paths.storage / kind) for kind in SITE_FOLDERS]
             if pid := self._libvirtd_pid(h):  # first: one that fails is bound at the next `up`
-                _bind_in(pid, folder, self.paths.consoles)
-            services.set_consoles_of(h.name, folder)  # for the next start of either
-            services.stop_worker(h.name)  # `up` starts it again, seeing the new folder
-
-    def _site_consoles(self, site: str) -> Path:
-        folder = self.root / "sites" / site / "consoles" if site else self.paths.consoles
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
+                for folder, target in pairs:
+                    target.mkdir(parents=True, exist_ok=True)
+                    _bind_in(pid, folder, target)
+            services.set_site_of(h.name, site)  # for the next start of each
+            services.stop_worker(h.name)  # `up` starts them again, seeing the new folders
+            services.stop_notice_watcher(h.name)
 
     def _spawn_libvirtd(self, h: LabHost) -> None:
         ns, d = h.namespace, self._host_dir(h)
-        consoles = self.services().consoles_of(h.name)
+        services = self.services()
         binds = " ".join(
             [f"{d / sub}:{target}" for sub, target in LIBVIRT_DIRS.items()]
-            + ([f"{consoles}:{self.paths.consoles}"] if consoles != self.paths.consoles else [])
+            + [f"{src}:{dst}" for src, dst in services.site_folders(services.site_of(h.name))]
             + [f"{d / 'hosts'}:/etc/hosts"]
             + ([f"{d / 'pki'}:/etc/pki"] if self.tls else [])
         )

@@ -32,6 +32,9 @@ RECONCILE_SECONDS = 5  # the lab resumes parked VMs quickly; production's defaul
 VISIBILITY_TIMEOUT = 20  # a dead worker's task comes back after this many seconds
 WORKER_THREADS = 6  # a drain, a migration per VM in it, a cancel: all at once
 READY_TIMEOUT = 60
+# What each site of a multi-site lab has of its own storage, as sites that share none would: its
+# VMs' consoles and its saves (images and disks are still the storage's, seen by every site).
+SITE_FOLDERS = ("consoles", "saves")
 NOTICE_FILE = "notice.json"  # in each host's home: the lab's notice source
 FLOWER_PORT = 5555  # Flower's default, on loopback as on a control node (reached by SSH tunnel)
 
@@ -99,6 +102,11 @@ class Services:
                     tmp.write_bytes(src.read_bytes())
                     os.replace(tmp, node / name)
 
+    def queues_of(self, host: str) -> str:
+        """A host's worker's queues, as the vmmgr_worker role's unit names them."""
+        site = self.site_of(host)
+        return f"host.{host}," + (f"site.{site}," if site else "") + "control"
+
     def start_workers(self, namespaces: dict[str, str]) -> None:
         """One worker per host (name -> network namespace) that has none running."""
         r = redis.Redis.from_url(self.url, decode_responses=True)
@@ -110,7 +118,7 @@ class Services:
                 continue
             r.delete(f"vmmgr:worker:{host}")
             started[host] = self._spawn_on(host, ns, f"worker-{host}", [
-                "-m", "celery", "-A", "tasks.app", "worker", "-Q", f"host.{host},control",
+                "-m", "celery", "-A", "tasks.app", "worker", "-Q", self.queues_of(host),
                 "-n", f"{host}@vmmgr-lab", "--pool", "threads",
                 "--concurrency", str(WORKER_THREADS), "--loglevel", "INFO",
                 "--logfile", f"{home}/worker.log",  # the node's own home, seen from inside
@@ -139,17 +147,28 @@ class Services:
         """Where host's watcher looks for a notice, seen from the control node."""
         return self.node_home(host) / NOTICE_FILE
 
-    def consoles_of(self, host: str) -> Path:
-        """The folder `host` sees as `<storage>/consoles`: its site's (`set_consoles_of`), or
+    def site_of(self, host: str) -> str:
+        """The site whose storage `host`'s daemons were started seeing (`set_site_of`); "":
         the storage's own."""
         try:
-            return Path((self.paths.lab / "consoles-of" / host).read_text())
+            return (self.paths.lab / "site-of" / host).read_text()
         except FileNotFoundError:
-            return self.paths.consoles
+            return ""
 
-    def set_consoles_of(self, host: str, folder: Path) -> None:
-        (self.paths.lab / "consoles-of").mkdir(parents=True, exist_ok=True)
-        (self.paths.lab / "consoles-of" / host).write_text(str(folder))
+    def set_site_of(self, host: str, site: str) -> None:
+        (self.paths.lab / "site-of").mkdir(parents=True, exist_ok=True)
+        (self.paths.lab / "site-of" / host).write_text(site)
+
+    def site_folders(self, site: str) -> list[tuple[Path, Path]]:
+        """(the site's own folder, where its hosts see it) for each of SITE_FOLDERS: what a site
+        of the lab has of its own storage; none for "" (the storage's own)."""
+        if not site:
+            return []
+        pairs = [(self.paths.lab / "sites" / site / kind, self.paths.storage / kind)
+                 for kind in SITE_FOLDERS]
+        for folder, _ in pairs:
+            folder.mkdir(parents=True, exist_ok=True)
+        return pairs
 
     def stop_worker(self, host: str) -> None:
         """Stop the host's worker (a warm shutdown: it ends what it runs first, as systemd's
@@ -158,19 +177,24 @@ class Services:
         if pid is not None:
             _terminate(pid, 60)
 
+    def stop_notice_watcher(self, host: str) -> None:
+        if self._alive(f"notice-{host}"):
+            _terminate(self._pid(f"notice-{host}"), 30)
+
     def _spawn_on(self, host: str, ns: str, name: str, python_args: list[str]) -> int:
         """A Python process of the lab's on `host`: in its network namespace and in a mount
         namespace of its own where the node's folder is the home, with the shared storage in it
-        (and its site's consoles folder in that)."""
+        (and its site's own folders in that: `site_folders`)."""
         home, storage, node = str(self.paths.home), str(self.paths.storage), self.node_home(host)
-        consoles = self.consoles_of(host)
+        binds = " ".join(f"{src}:{node / 'storage' / dst.name}"
+                         for src, dst in self.site_folders(self.site_of(host)))
         script = ('set -e; mount --bind "$1" "$2/storage"; '
-                  'if [ -n "$4" ]; then mount --bind "$4" "$2/storage/consoles"; fi; '
+                  'for pair in $4; do mount --bind "${pair%%:*}" "${pair#*:}"; done; '
                   'mount --rbind "$2" "$3"; shift 4; exec "$@"')
-        self.paths.consoles.mkdir(parents=True, exist_ok=True)
+        for kind in SITE_FOLDERS:
+            (self.paths.storage / kind).mkdir(parents=True, exist_ok=True)
         cmd = ["ip", "netns", "exec", ns, "unshare", "-m", "--propagation", "private",
-               "sh", "-c", script, "node-home", storage, str(node), home,
-               "" if consoles == self.paths.consoles else str(consoles),
+               "sh", "-c", script, "node-home", storage, str(node), home, binds,
                # -X: the lab's folder on the command line, where `_alive` looks for it
                sys.executable, "-X", f"vmmgr-lab={self.root}", *python_args]
         return self._spawn(name, cmd, self.env(host), cwd=node)

@@ -75,10 +75,10 @@ def overlay_xml(vm: str, capacity: int, base: str) -> str:
             "</volume>")
 
 
-def copy_xml(vm: str, size: int) -> str:
+def copy_xml(vm: str, size: int, name: str = "") -> str:
     """A volume to receive a byte copy of an overlay (the qcow2 file as it is, backing path
-    and all); written by an upload."""
-    return (f"<volume><name>{escape(volume_name(vm))}</name>"
+    and all), or of a save image (`name`); written by an upload."""
+    return (f"<volume><name>{escape(name or volume_name(vm))}</name>"
             f"<capacity unit='bytes'>{int(size)}</capacity><allocation>0</allocation>"
             "<target><format type='raw'/><permissions><mode>0600</mode></permissions></target>"
             "</volume>")
@@ -334,6 +334,59 @@ def load_from(conn: libvirt.virConnect, vm: str, file: Path, expected_sha256: st
     if sent != expected_sha256 or checksum(conn, vm) != expected_sha256:
         remove(conn, vm)
         raise VmmgrError(f"{vm}'s kept disk {file} does not match its checksum: not used")
+
+
+def image_volume_name(vm: str) -> str:
+    """A save image sent to this host from another site's storage, for the resume that restores
+    it here (not a disk: `held` does not list it)."""
+    return f"{vm}.save"
+
+
+def receive_image(conn: libvirt.virConnect, vm: str, file: Path,
+                  progress: Progress | None = None) -> str:
+    """Send the save image `file` (on this node's site storage) into this host's pool; returns
+    its path there. Checked as a kept disk is (the SHA-256 of what was sent against what the
+    host then holds); anything short, failed or damaged leaves nothing behind."""
+    name = image_volume_name(vm)
+    size = file.stat().st_size
+    remove_image(conn, vm)  # one a resume cut short left
+    with translated(f"{vm}'s save image"):
+        vol = ensure_pool(conn).createXML(copy_xml(vm, size, name), 0)
+    try:
+        with open(file, "rb") as f:
+            sent = upload(conn, vol, size, iter(lambda: f.read(CHUNK), b""), progress,
+                          f"{vm}'s save image")
+        held = hashlib.sha256()
+        for data in chunks_of(conn, vol, what=f"reading back {vm}'s save image"):
+            held.update(data)
+        if held.hexdigest() != sent:
+            raise VmmgrError(f"{vm}'s save image arrived damaged (sha256 {held.hexdigest()[:12]},"
+                             f" sent {sent[:12]})")
+        with translated(f"{vm}'s save image"):
+            return vol.path()
+    except BaseException:
+        remove_image(conn, vm)
+        raise
+
+
+def remove_image(conn: libvirt.virConnect, vm: str) -> bool:
+    """Delete a save image sent to this host (`receive_image`); whether there was one."""
+    pool = ensure_pool(conn)
+    with translated(f"{vm}'s save image"):
+        try:
+            vol = pool.storageVolLookupByName(image_volume_name(vm))
+        except libvirt.libvirtError as err:
+            if err.get_error_code() != libvirt.VIR_ERR_NO_STORAGE_VOL:
+                raise
+            refresh(pool)  # one written by a run this libvirtd has not listed yet
+            try:
+                vol = pool.storageVolLookupByName(image_volume_name(vm))
+            except libvirt.libvirtError as again:
+                if again.get_error_code() != libvirt.VIR_ERR_NO_STORAGE_VOL:
+                    raise
+                return False
+        vol.delete(0)
+    return True
 
 
 def checksum(conn: libvirt.virConnect, vm: str) -> str:

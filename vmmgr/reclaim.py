@@ -249,13 +249,18 @@ def resume_parked(fleet: Fleet, report, synced: bool = False) -> list[str]:
     for record in waiting:
         if record.group not in saving:
             jobs.setdefault(record.group or f"vm:{record.vm}", []).append(record)
+    own = fleet.own_site()
     for members in jobs.values():
         sites = fleet.sites()
+        if all((m.site or sites.get(m.from_host, "")) != own for m in members):
+            continue  # saved on another site's storage: that site's pass resumes them
         targets = place_together(fleet.active_capacities(), members, sites,
                                  sites.get(members[0].from_host, ""))
         if targets is None:
             continue
         for record, target in zip(members, targets):
+            if (record.site or sites.get(record.from_host, "")) != own:
+                continue  # a member saved on another site: its site's pass, with the same room
             try:
                 operations.resume(fleet, report, record.vm, target)
                 resumed.append(record.vm)

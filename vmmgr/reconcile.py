@@ -16,22 +16,30 @@ from . import (local_disks, metrics, operations, reclaim, site_consoles, site_im
                suspend as suspension)
 from .addresses import pool_for
 from .edge import Edge
-from .errors import VmmgrError
+from .errors import Conflict, VmmgrError
 from .fleet import Fleet
 from .guest import read_each
-from .locks import HOUSEKEEPING
+from .locks import HOUSEKEEPING, Lease
 from .render import address_of
 
 
-def reconcile(fleet: Fleet, report, start=None) -> dict:
+def reconcile(fleet: Fleet, report, start=None, start_saves=None) -> dict:
     """One pass. `start(vm)`, when given, starts a post-copy recovery elsewhere (the
-    task API queues it as the VM's own task); without it the pass runs each one itself."""
-    copied = suspension.sync_records(fleet, report)  # first: what follows reads the saves there
-    recovered = recover_cut_short(fleet, report)
+    task API queues it as the VM's own task); without it the pass runs each one itself.
+    The saves on this node's site's storage are its own to keep (`reconcile_saves`); those of
+    every other site, `start_saves(site)`'s: the task API queues that site's pass there."""
+    saves = reconcile_saves(fleet, report)  # first: what follows reads the saves there
+    if start_saves is not None:
+        for site in sorted(set(fleet.sites().values()) - {fleet.own_site()}):
+            try:
+                start_saves(site)
+            except Exception as err:  # noqa: BLE001 - the broker is away: the next pass
+                report.event(f"site {site or '-'}: its saves' pass not started: {err}",
+                             kind="error")
+    copied, recovered, resumed = saves["repaired"], saves["recovered"], saves["resumed"]
     postcopies = resume_postcopies(fleet, report, start)
     if start is None:
         recovered += postcopies
-    resumed = reclaim.resume_parked(fleet, report, synced=True)
     rows = fleet.refresh_view()  # what libvirt and the storage say now (one pass over hosts)
     repaired = copied + repair_records(fleet, report, rows)
     repaired += repair_addresses(fleet, report, rows)
@@ -49,6 +57,29 @@ def reconcile(fleet: Fleet, report, start=None) -> dict:
     return {"recovered": recovered, "resumed": resumed, "repaired": repaired,
             "rerouted": rerouted, "recoveries_started": postcopies if start else [],
             "swept": swept}
+
+
+def reconcile_saves(fleet: Fleet, report) -> dict:
+    """The pass over the saves on this node's site's storage (each site's own: its folders are
+    seen only there): their copies in the store, the suspends and resumes cut short, and the
+    parked VMs resumed where there is room. One pass per site at a time, whoever runs it (the
+    reconcile for its own node's site, or the pass it queued on that site): two at once could
+    each place a parked VM in one host's last room."""
+    site = fleet.own_site() or "-"
+    lease = Lease(fleet.state, "fleet", f"reconcile-saves:{site}", fleet.owner,
+                  f"pass over site {site}'s saves")
+    try:
+        lease.__enter__()
+    except Conflict:
+        return {"repaired": [], "recovered": [], "resumed": [],
+                "skipped": f"another pass over site {site}'s saves is running"}
+    try:
+        copied = suspension.sync_records(fleet, report)
+        recovered = recover_cut_short(fleet, report)
+        resumed = reclaim.resume_parked(fleet, report, synced=True)
+    finally:
+        lease.__exit__(None, None, None)
+    return {"repaired": copied, "recovered": recovered, "resumed": resumed}
 
 
 def resume_postcopies(fleet: Fleet, report, start=None) -> list[str]:
@@ -96,7 +127,9 @@ def sweep_local_disks(fleet: Fleet, report) -> list[str]:
     every host again (`Fleet.tidy_local_disks`, strict): only where the host does not define the
     VM and its disk is whole on the one host that does, or kept beside its save. Nothing while a
     host that may define it does not answer. Returns "vm@host" for each disk removed."""
-    cut = set(suspension.cut_short(fleet))  # recover needs the disk a cut-short suspend left
+    # recover needs the disk a cut-short suspend left (another site's: by the store's copy)
+    cut = set(suspension.cut_short(fleet)) | {
+        vm for vm, save in fleet.state.saves().items() if save["state"] != "saved"}
     disks: dict[str, set[str]] = {}
     defined: dict[str, set[str]] = {}
     silent = False

@@ -21,8 +21,11 @@ from .spec import make_spec, validate_gpu, validate_memory, validate_name, valid
 class Request:
     op: str
     kwargs: dict
-    host: str | None  # whose worker runs it; None: any worker, on the control queue
+    host: str | None  # whose worker runs it; None: its site's (below), or any worker's
     lock: tuple[str, str, str] | None  # (kind, name, what) taken in the task's name
+    # Without a host: the site whose workers run it, because it acts on that site's storage
+    # (a save: only its site's workers see it); None or "": any worker, on the control queue.
+    site: str | None = None
 
 
 def create(fleet: Fleet, name: str, *, workload: str = "counter", params: dict | None = None,
@@ -86,8 +89,12 @@ def suspend(fleet: Fleet, vm: str, mode: str | None = None) -> Request:
 
 
 def resume(fleet: Fleet, vm: str, host: str | None = None) -> Request:
+    """Run where the save is (its site's workers, a host of any site its target), or, in a
+    fleet that names no site, on the target."""
     admission.suspended_vm(fleet, vm, host)
-    return Request("resume", {"vm": vm, "host": host}, host, ("vm", vm, f"resume of {vm}"))
+    site = fleet.save_site(fleet.state.save_of(vm))
+    return Request("resume", {"vm": vm, "host": host}, None if site else host,
+                   ("vm", vm, f"resume of {vm}"), site=site)
 
 
 def resume_postcopy(vm: str) -> Request:
@@ -117,7 +124,8 @@ def reboot(fleet: Fleet, vm: str) -> Request:
 
 def destroy(fleet: Fleet, vm: str) -> Request:
     admission.destroyable(fleet, vm)
-    return Request("destroy", {"vm": vm}, None, ("vm", vm, f"destroy of {vm}"))
+    return Request("destroy", {"vm": vm}, None, ("vm", vm, f"destroy of {vm}"),
+                   site=fleet.save_site(fleet.state.save_of(vm)))  # a save: where it is
 
 
 def evacuate(fleet: Fleet, host: str, deadline: bool, timeout: float = 600.0,
@@ -134,7 +142,9 @@ def evacuate(fleet: Fleet, host: str, deadline: bool, timeout: float = 600.0,
     kwargs = {"host": host} | ({} if deadline else {"timeout": timeout})
     if deadline_s is not None:  # an instant: a rerun races the same clock
         kwargs["deadline_at"] = round(time.time() + deadline_s, 3)
-    return Request(f"{verb}_host", kwargs, None, ("host", host, f"{verb} of {host}"))
+    # on the host's site: the saves it makes are written on that site's storage
+    return Request(f"{verb}_host", kwargs, None, ("host", host, f"{verb} of {host}"),
+                   site=fleet.sites().get(host, ""))
 
 
 def enable(fleet: Fleet, host: str) -> Request:

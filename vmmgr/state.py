@@ -22,6 +22,7 @@ from .errors import Conflict
 P = "vmmgr:"
 EVENTS_KEPT = 10_000
 TASKS_KEPT = 500
+UNLISTED_TASK_TTL = 86400  # s: the record of a task `add_task` never listed (the beat's)
 MIGRATIONS_KEPT = 100  # attempts per VM
 USAGE = P + "usage"  # every VM state change, for usage metering (vmmgr.usage)
 USAGE_KEPT = 1_000_000  # entries (~100 bytes each)
@@ -485,20 +486,29 @@ class FleetState:
 
     def add_task(self, task_id: str, name: str, args: dict, queue: str, what: str = "") -> None:
         now = time.time()
-        self.r.hset(P + f"task:{task_id}", mapping={
+        key = P + f"task:{task_id}"
+        self.r.hset(key, mapping={
             "id": task_id, "name": name, "args": json.dumps(audit.redacted(args)), "queue": queue,
-            "what": what,
-            "submitted": f"{now:.3f}", "runs": 0})
+            "what": what, "submitted": f"{now:.3f}"})
+        # A worker may have started it already (it is sent first): its run count stands, and
+        # its record is listed, so kept (`task_started` gave it a day when it had no name yet).
+        self.r.hsetnx(key, "runs", 0)
+        self.r.persist(key)
         self.r.zadd(P + "tasks", {task_id: now})
         for old in self.r.zrange(P + "tasks", 0, -TASKS_KEPT - 1):
             self.r.delete(P + f"task:{old}")
             self.r.zrem(P + "tasks", old)
 
     def task_started(self, task_id: str, worker: str) -> int:
-        """Count a run of the task (a redelivered task runs again); returns which run this is."""
-        self.r.hset(P + f"task:{task_id}", mapping={"worker": worker,
-                                                    "started": f"{time.time():.3f}"})
-        return self.r.hincrby(P + f"task:{task_id}", "runs", 1)
+        """Count a run of the task (a redelivered task runs again); returns which run this is.
+        A task not submitted through `add_task` (the beat's reconcile, the passes it queues:
+        one every few seconds) is listed nowhere, and its record is kept a day, not for ever."""
+        key = P + f"task:{task_id}"
+        self.r.hset(key, mapping={"worker": worker, "started": f"{time.time():.3f}"})
+        runs = self.r.hincrby(key, "runs", 1)
+        if not self.r.hexists(key, "name"):
+            self.r.expire(key, UNLISTED_TASK_TTL)
+        return runs
 
     def task_ended(self, task_id: str, outcome: dict) -> None:
         """Record how a task's run ended it (`{"result": ...}` or `{"error": ..., "message":

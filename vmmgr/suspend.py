@@ -1,9 +1,12 @@
 """Suspend to disk and resume elsewhere: the path when no host has room.
 
-`suspend` saves the running VM's memory and device state to shared storage (libvirt's save: a
-migration into a file) and removes it from its host; `resume` restores it on any host that sees the
-storage, exactly where it stopped, and defines it there again. While suspended a VM lives only in
-`storage/saves/<vm>/`: the save image, the persistent definition and a small record. The image is
+`suspend` saves the running VM's memory and device state to its site's storage (libvirt's save: a
+migration into a file) and removes it from its host; `resume` restores it on any host, exactly where
+it stopped, and defines it there again: a host of the save's site reads the image from the storage
+they share, a host of another site is sent it first. While suspended a VM lives only in
+`storage/saves/<vm>/` on its site's storage: the save image, the persistent definition and a small
+record. Only that site's nodes act on the folder (`Fleet.sees_save`; the task API queues the work
+there). The image is
 written next to its final name and renamed only once complete, so a half image is never mistaken
 for a good one.
 
@@ -57,6 +60,10 @@ class Suspended:
     device_model: str = ""
     device_count: int = 0
     group: str = ""  # its job's VMs resume together
+    # The site whose storage holds the save ("": a fleet that names none): its site's workers
+    # act on it; a resume on another site's host sends that host the image
+    # (`local_disks.receive_image`).
+    site: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,7 +113,8 @@ def suspended(fleet: Fleet) -> list[Suspended]:
 
 
 def find_suspended(fleet: Fleet, vm: str) -> Suspended | None:
-    """From the folder itself: what a suspend or resume holding the VM's lock decides on."""
+    """From the folder itself: what a suspend or resume holding the VM's lock decides on (on a
+    node of the save's site: see `Fleet.sees_save`)."""
     d = save_dir(fleet, vm)
     return _record(d) if (d / RECORD).is_file() else None
 
@@ -132,8 +140,8 @@ def folder_save(d: Path) -> dict | None:
 
 def sync_record(fleet: Fleet, vm: str) -> None:
     """Write the VM's save folder to the store (for the caller holding the VM's lock). Nothing
-    where this node does not see the storage: it cannot tell."""
-    if not fleet.paths.saves.is_dir():
+    where this node does not see the storage the save is on (another site's): it cannot tell."""
+    if not fleet.sees_save(vm):
         return
     save = folder_save(save_dir(fleet, vm))
     if save is None:
@@ -168,13 +176,16 @@ def sync_records(fleet: Fleet, report=None) -> list[str]:
     between a step and its write, a store restored from an old copy), and every copy whose
     folder is gone, written again under the VM's lock. A VM an operation holds is left to it:
     it writes its own when it ends. Returns the VMs whose copy changed (each an event); nothing
-    on a node that does not see the storage."""
+    on a node that does not see the storage. Only this node's site's saves: another site's
+    copies are never taken for gone here, where their folders cannot be seen."""
     root = fleet.paths.saves
     if not root.is_dir():
         return []
     stored = fleet.state.saves()
+    own, sites = fleet.own_site(), fleet.sites()
+    mine = {vm for vm, save in stored.items() if fleet.save_site(save, sites) == own}
     changed = []
-    for vm in sorted({d.name for d in root.iterdir() if d.is_dir()} | set(stored)):
+    for vm in sorted({d.name for d in root.iterdir() if d.is_dir()} | mine):
         try:
             if folder_save(save_dir(fleet, vm)) == stored.get(vm):
                 continue
@@ -242,7 +253,7 @@ def _suspend_held(fleet: Fleet, vm: str, parked: bool, mode: str | None, lease) 
         return _hibernate(fleet, guest, parked)
     host = fleet.host(guest.host_name)  # before anything starts: nothing to undo if it fails
     d = _begin(guest, parked, "save", inactive_xml=guest.xml(inactive=True, migratable=True),
-               d=save_dir(fleet, vm))
+               d=save_dir(fleet, vm), site=fleet.sites().get(guest.host_name, ""))
     _sync_begun(fleet, vm, d)
     partial = d / "image.partial"
     t0 = time.monotonic()
@@ -280,7 +291,7 @@ def park_stopped(fleet: Fleet, vm: str) -> Suspended:
         raise Conflict(f"VM {vm!r} is {guest.state()}: only a stopped VM's definition is parked")
     try:
         d = _begin(guest, True, "stopped", guest.xml(inactive=True, migratable=True),
-                   save_dir(fleet, vm))
+                   save_dir(fleet, vm), fleet.sites().get(guest.host_name, ""))
         return _suspended(d, guest, json.loads((d / INTENT).read_text()), 0, 0)
     finally:
         _sync_quietly(fleet, vm)
@@ -292,7 +303,7 @@ def _hibernate(fleet: Fleet, guest, parked: bool) -> Suspended:
     why this works where a host-level save cannot. If the guest does not go, it keeps running."""
     vm, host = guest.name, guest.host_name
     d = _begin(guest, parked, "guest", inactive_xml=guest.xml(inactive=True),
-               d=save_dir(fleet, vm))
+               d=save_dir(fleet, vm), site=fleet.sites().get(host, ""))
     _sync_begun(fleet, vm, d)
     t0 = time.monotonic()
     refused = None
@@ -311,7 +322,7 @@ def _hibernate(fleet: Fleet, guest, parked: bool) -> Suspended:
     return _hibernated(d, guest, fleet.swap_disk_path(vm), int((time.monotonic() - t0) * 1000))
 
 
-def _begin(guest, parked: bool, mode: str, inactive_xml: str, d: Path) -> Path:
+def _begin(guest, parked: bool, mode: str, inactive_xml: str, d: Path, site: str) -> Path:
     """The save directory with the VM's definition and the intent: what `recover` needs to
     finish or undo the suspend if this process does not live to."""
     model, count = guest.device_needs() if mode == "guest" else ("", 0)
@@ -323,7 +334,7 @@ def _begin(guest, parked: bool, mode: str, inactive_xml: str, d: Path) -> Path:
                              "memory_mib": guest.memory_mib(), "vcpus": guest.vcpus(),
                              "parked": parked, "mode": mode, "device_model": model,
                              "device_count": count, "group": group_of(inactive_xml),
-                             "started_at": time.time()})
+                             "site": site, "started_at": time.time()})
     return d
 
 
@@ -387,7 +398,7 @@ def _suspended(d: Path, guest, intent: dict, save_ms: int, size: int) -> Suspend
     record = Suspended(intent["vm"], intent["from_host"], intent["memory_mib"], intent["vcpus"],
                        time.time(), save_ms, size, intent["parked"], intent["mode"],
                        intent["device_model"], intent["device_count"],
-                       intent.get("group", ""))
+                       intent.get("group", ""), intent.get("site", ""))
     _write_json(d / RECORD, asdict(record))
     if guest is not None:
         guest.undefine()
@@ -414,33 +425,46 @@ def _resume(fleet: Fleet, vm: str, host: str | None) -> Resumed:
 
 
 def _resume_held(fleet: Fleet, vm: str, host: str | None, lease) -> Resumed:
+    fleet.require_save_here(vm, "resume")
     record = find_suspended(fleet, vm)
     if record is None:
         if fleet.find(vm):
             raise Conflict(f"VM {vm!r} is not suspended: it runs on {fleet.locate(vm).host_name}")
         raise NotFound(f"unknown VM {vm!r}")
+    d = save_dir(fleet, vm)
     needs = (record.memory_mib, record.vcpus, record.device_model, record.device_count)
+    sites = fleet.sites()
+    home = record.site or sites.get(record.from_host, "")
+    bound = site_bound((d / "domain.xml").read_text(), fleet.paths.storage)
     if host is None:
-        sites = fleet.sites()  # back in the site it left, while that has room
-        host, refused = choose_host(fleet.active_capacities(), *needs, sites,
-                                    sites.get(record.from_host, ""))
+        caps = fleet.active_capacities()  # back in the site it left, while that has room
+        if bound:
+            caps = {h: c for h, c in caps.items() if sites.get(h, "") == home}
+        host, refused = choose_host(caps, *needs, sites, home)
         if host is None:
             why = "; ".join(f"{h}: {r}" for h, r in refused.items()) or "no hosts"
-            raise Conflict(f"no host has room to resume {vm}: {why}")
+            raise Conflict(f"no host has room to resume {vm}" + (
+                f" in its site {home or '-'}" if bound else "") + f": {why}")
+    if bound and sites.get(host, "") != home:
+        raise Conflict(f"{vm} resumes only in its site ({home or '-'}), not on {host}: "
+                       f"{bound[0]} is on that site's storage")
     target = fleet.host(host)
     require_active(target)
     reason = refusal(target.capacity(), *needs)
     if reason:
         raise Conflict(f"host {host} has no room to resume {vm}: {reason}")
-    d = save_dir(fleet, vm)
     segment = site_consoles.new_segment(fleet, vm, host)
     lease.check()
     _claim(d, vm)
     _sync_quietly(fleet, vm)  # claimed: its row comes from the host it runs on from here
     try:
         load_local_disk(fleet, d, target, record.from_host)
+        # a host of another site reads its own storage, not this one's: the image goes there
+        image = (Path(local_disks.receive_image(target.conn, vm, d / "image"))
+                 if record.mode == "save" and sites.get(host, "") != home else d / "image")
     except Exception:
-        _unclaim(d)  # its kept disk stays on storage, the VM stays suspended
+        _drop_loaded_disk(d, target)
+        _unclaim(d)  # its kept disk and image stay on storage, the VM stays suspended
         site_consoles.drop_if_empty(fleet, vm, segment)
         raise
     if record.mode == "guest":
@@ -452,22 +476,45 @@ def _resume_held(fleet: Fleet, vm: str, host: str | None, lease) -> Resumed:
                        round(time.time() - record.suspended_at, 1), state="shutoff")
     t0 = time.monotonic()
     try:
-        target.restore(d / "image", set_console_path(target.save_image_xml(d / "image"),
-                                                     segment))
+        target.restore(image, set_console_path(target.save_image_xml(image), segment))
     except HostUnreachable:
         # It may have restored there before the answer was lost: the claim stays, and
         # `recover` (which waits for the host to answer) finishes or undoes the resume.
         raise
     except VmmgrError:
         _drop_loaded_disk(d, target)
+        _drop_sent_image(vm, target, image, d)
         _unclaim(d)  # nothing runs: the image stays, the VM stays suspended
         site_consoles.drop_if_empty(fleet, vm, segment)
         raise
     # It runs on the target from here: whatever fails now is finished forward (`recover`),
     # never undone, or the image could be restored a second time.
     restore_ms = int((time.monotonic() - t0) * 1000)
+    _drop_sent_image(vm, target, image, d)  # restored: QEMU holds what it needed of it
     _resumed_on(fleet, target, d, segment)
     return Resumed(vm, host, restore_ms, round(time.time() - record.suspended_at, 1))
+
+
+def site_bound(domain_xml: str, storage: Path) -> list[str]:
+    """The writable disks of a definition on the site's storage (a shared disk, a guest's
+    hibernation swap): a VM with any resumes only in its site, whose storage holds them."""
+    found = []
+    for disk in ET.fromstring(domain_xml).iterfind("./devices/disk"):
+        source = disk.find("source")
+        path = source.get("file") if source is not None else None
+        if path and disk.find("readonly") is None and Path(path).is_relative_to(storage):
+            found.append(path)
+    return found
+
+
+def _drop_sent_image(vm: str, target, image: Path, d: Path) -> None:
+    """A resume that failed on `target` takes back the image it sent there (its site's
+    storage keeps the save)."""
+    if image != d / "image":
+        try:
+            local_disks.remove_image(target.conn, vm)
+        except VmmgrError:
+            pass  # a host away: `recover` or the next resume there removes it
 
 
 def _drop_loaded_disk(d: Path, target) -> None:
@@ -665,6 +712,7 @@ def _recover_resume(fleet: Fleet, vm: str, d: Path, wait: float) -> str:
         guest = next((g for g in found if g.state() == "running"), None) or (
             found[0] if found else None)
         if guest is None:
+            _drop_images_sent(fleet, vm)
             _unclaim(d)
             return "the resume cut short had not restored it: suspended again"
         if guest.state() == "running" or not guest.has_job():
@@ -678,8 +726,22 @@ def _recover_resume(fleet: Fleet, vm: str, d: Path, wait: float) -> str:
     elif guest.state() == "paused":
         guest.resume()
     host = fleet.host(guest.host_name)
+    _drop_images_sent(fleet, vm)
     _resumed_on(fleet, host, d, None if guest.is_persistent() else guest.console_path())
     return f"the resume cut short had restored it on {host.name}: finished"
+
+
+def _drop_images_sent(fleet: Fleet, vm: str) -> None:
+    """Remove the save image a resume cut short may have sent to a host of another site
+    (`receive_image`). A copy there is never restored by anyone (a resume sends its own), so
+    one on a host that does not answer now is only space, taken back by the next resume there."""
+    sites, own = fleet.sites(), fleet.own_site()
+    for host in fleet.hosts():
+        if sites.get(host.name, "") != own and host.record.state != "reclaimed":
+            try:
+                local_disks.remove_image(host.conn, vm)
+            except VmmgrError:
+                pass
 
 
 def _running_idle(guest) -> bool:

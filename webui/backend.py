@@ -11,7 +11,7 @@ from celery.result import AsyncResult
 from flask import current_app, g, request
 
 from tasks import client
-from tasks.app import CONTROL_QUEUE, app as celery_app, host_queue, use_broker
+from tasks.app import app as celery_app, queue_for, use_broker
 from tasks.runtime import LockSpec
 from vmmgr import audit, console, guest_ssh, usage
 from vmmgr.errors import InvalidRequest
@@ -65,7 +65,7 @@ def refused(action: str, target: str, args: dict, err: Exception) -> None:
 def submit(req: Request) -> dict:
     """Queue a checked request; the lock is taken first, so a busy VM is refused here."""
     broker_url()
-    queue = host_queue(req.host) if req.host else CONTROL_QUEUE
+    queue = queue_for(req.host, req.site)
     task_id = client.submit(paths(), req.op, req.kwargs, queue,
                             LockSpec(*req.lock) if req.lock else None, actor=actor())
     return {"task": task_id, "op": req.op, "queue": queue}

@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily)
 
-from tasks.app import CONTROL_QUEUE, host_queue
+from tasks.app import CONTROL_QUEUE, host_queue, site_queue
 from vmmgr import metrics, overview, suspend
 
 from . import backend
@@ -116,7 +116,8 @@ def collect(fleet):
     depth = GaugeMetricFamily("vmmgr_task_queue_depth", "Tasks waiting in each queue",
                               labels=["queue"])
     r = fleet.state.r
-    for queue in [CONTROL_QUEUE] + [host_queue(h["name"]) for h in hosts]:
+    sites = sorted({site_queue(s) for s in fleet.sites().values()} - {CONTROL_QUEUE})
+    for queue in [CONTROL_QUEUE, *sites] + [host_queue(h["name"]) for h in hosts]:
         pipe = r.pipeline(transaction=False)
         for name in [queue] + [f"{queue}{PRIORITY_SEP}{p}" for p in PRIORITIES]:
             pipe.llen(name)

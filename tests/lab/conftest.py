@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vmmgr import console, workloads
+from vmmgr import console, local_disks, workloads
 from vmmgr.errors import Conflict
 from vmmgr.fleet import Fleet
 from vmmgr.images import ensure_builtin
@@ -152,3 +152,15 @@ def assert_contiguous(seq: list[int]) -> None:
 
 def where_defined(fleet, vm) -> list[str]:
     return [h.name for h in fleet.hosts() if h.find_guest(vm) is not None]
+
+
+def site_saves(lab, site: str) -> Path:
+    """A site's saves folder: on its own storage, seen by its hosts at <storage>/saves."""
+    return lab.root / "sites" / site / "saves"
+
+
+def sent_image(fleet, host: str, vm: str) -> bool:
+    """Whether a save image sent from another site is on the host's own storage."""
+    pool = local_disks.ensure_pool(fleet.host(host).conn)
+    local_disks.refresh(pool)
+    return local_disks.image_volume_name(vm) in pool.listVolumes()

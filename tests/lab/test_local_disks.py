@@ -24,7 +24,7 @@ import pytest
 from vmmgr import local_disks, os_images, site_consoles, suspend
 from vmmgr.addresses import pool_for
 
-from .conftest import cli, consoles
+from .conftest import cli, consoles, sent_image, site_saves
 from .test_faults import faults
 from .test_images import _boot_id, _ssh, _wait_console, debian  # noqa: F401 (its fixture)
 
@@ -49,9 +49,14 @@ def soon(check, what: str, timeout: float = 120) -> None:
 
 
 def settled(c, fleet) -> None:
-    """Recover has finished or undone what the killed worker left, and no one holds the VM."""
-    faults.wait(lambda: not suspend.cut_short(fleet) and not c.state.holder("vm", "local1"),
-                300, "what the killed worker left was not settled")
+    """Recover has finished or undone what the killed worker left, and no one holds the VM: by
+    the store's copy of its save (the folder is on its site's storage, out of this node's
+    sight)."""
+    def done() -> bool:
+        save = c.state.save_of("local1")
+        return (save is None or save["state"] == "saved") and not c.state.holder("vm", "local1")
+    faults.wait(done, 300, "what the killed worker left was not settled")
+
 
 
 # One Debian guest through every path in turn (each fault needs the state the last one left):
@@ -237,28 +242,34 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
 
         empty_host3()  # for the resume below to send it to
 
-        # Suspended with its disk (beside its save, checksummed), resumed on another host
-        # whose storage lacks the base: it is sent there first, from the host the VM left.
+        # Suspended with its disk (beside its save, checksummed, on the storage of host2's
+        # site, none other's), resumed on a host of another site whose storage lacks the base:
+        # it is sent there first, from the host the VM left; the disk and the save image are
+        # sent to host3 (checked), and nothing of the save is left on either site after.
         cli("vm", "suspend", "local1", check_code=0)
-        kept = paths.saves / "local1"
+        kept = site_saves(lab, "site2") / "local1"
         assert (kept / "disk.qcow2").is_file() and (kept / "disk.qcow2").stat().st_mode & 0o077 == 0
+        assert not (paths.saves / "local1").exists()  # the control node sees no site's
+        assert c.state.save_of("local1")["record"]["site"] == "site2"
         assert holders(fleet, "local1") == [] and where(fleet, "local1") == []
         cli("vm", "resume", "local1", "--host", "host3", check_code=0)
         assert where(fleet, "local1") == ["host3"] and holders(fleet, "local1") == ["host3"]
-        assert not kept.exists()
+        assert not kept.exists() and not sent_image(fleet, "host3", "local1")
+        assert not (site_saves(lab, "site3") / "local1").exists()
         assert copied_sum() == debian.sha256
         assert data_sum() == written
 
         # A worker killed while a suspend keeps the disk beside the save, then one killed while
         # a resume loads it onto its target: recover finishes or undoes each (the sweep takes
         # back a half-loaded copy), and the VM resumes on host3 with what it wrote.
+        kept = site_saves(lab, "site3") / "local1"  # host3's site's, where it is saved now
         task = c.task_of(c.cli("vm", "suspend", "local1", "--no-wait"))
         soon(lambda: (kept / "disk.qcow2.partial").exists(), "the disk was never being kept")
         c.kill_worker_of(task)
         print("suspend killed; kept then:", sorted(p.name for p in kept.iterdir()))
         lab.up(3)
         settled(c, fleet)
-        assert suspend.find_suspended(fleet, "local1") and (kept / "disk.json").is_file()
+        assert (kept / "record.json").is_file() and (kept / "disk.json").is_file()
         faults.wait(lambda: holders(fleet, "local1") == [], 60, "the host kept its copy")
         task = c.task_of(c.cli("vm", "resume", "local1", "--host", "host3", "--no-wait"))
         soon(lambda: (kept / "claim.json").exists()
@@ -269,8 +280,8 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         lab.up(3)
         settled(c, fleet)
         print("resume settled:", where(fleet, "local1"), holders(fleet, "local1"),
-              bool(suspend.find_suspended(fleet, "local1")))
-        if suspend.find_suspended(fleet, "local1"):  # undone before its restore (or rerun)
+              (kept / "record.json").is_file())
+        if (kept / "record.json").is_file():  # undone before its restore (or rerun)
             faults.wait(lambda: holders(fleet, "local1") == [], 60,
                         "the half-loaded copy stayed on host3")
             cli("vm", "resume", "local1", "--host", "host3", check_code=0)
@@ -396,4 +407,5 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         lab.up(3, sites=1)
         c.state.r.delete("vmmgr:links")  # what the moves measured of the WAN
     assert holders(fleet, "local1") == [] and not (paths.saves / "local1").exists()
+    assert not list((lab.root / "sites").glob("*/saves/local1"))
     assert os_images.verify(paths.images, "debian-12") == debian  # the base was never written

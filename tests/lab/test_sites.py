@@ -2,8 +2,10 @@
 (htb for the rate, and netem for the latency, or the lab's delay line where the kernel has no
 netem, as here), the inventory knowing each host's site, and placement
 keeping moves inside a site while it has room, and a VM's address following it across sites in
-the fleet's store. The lab's storage is still shared by every site (see the README); a VM's local disk crossing the WAN is in test_local_disks.py and the
-training demo's test in test_images.py."""
+the fleet's store, its console and its save each on the storage of the site it was written in (a
+suspended VM resumed on another site has its image sent there). The lab's images and disks folders
+are still shared by every site (see the README); a VM's local disk crossing the WAN is in
+test_local_disks.py and the training demo's test in test_images.py."""
 
 import json
 import os
@@ -16,7 +18,8 @@ import time
 from vmmgr.addresses import KEY, pool_for
 from vmmgr.state import FleetState
 
-from .conftest import assert_contiguous, cli, ticks, wait_ticks, where_defined
+from .conftest import (assert_contiguous, cli, sent_image, site_saves, ticks, wait_ticks,
+                       where_defined)
 
 
 def rtt_ms(namespace: str, ip: str) -> float:
@@ -138,6 +141,44 @@ def test_moves_stay_in_their_site_and_cross_the_wan_only_when_it_is_full(lab, ma
                                                  state.events(100, vm="mover"))
             time.sleep(0.2)
         assert where_defined(fleet, "mover") == ["host3"]
+
+        # Suspended on site2: its save is on site2's storage only. Resumed on host1, in site1,
+        # whose storage does not hold it: the image is sent to host1 (checked), restored there
+        # and removed from both sites. The worker running the resume is killed once the image
+        # is on its way: the VM ends suspended on site2 or running on host1, never both, and
+        # nothing of it is left on host1 unless it runs there; it then goes on counting.
+        cli("host", "enable", "host1", check_code=0)
+        before = len(ticks(paths, "mover"))
+        cli("vm", "suspend", "mover", check_code=0)
+        saved_at = site_saves(lab, "site2") / "mover"
+        assert (saved_at / "image").is_file() and (saved_at / "record.json").is_file()
+        assert not (site_saves(lab, "site1") / "mover").exists()
+        assert not (paths.saves / "mover").exists()  # the control node sees no site's storage
+        assert state.save_of("mover")["record"]["site"] == "site2"
+        c = faults.Lab3(lab, paths)
+        task = c.task_of(c.cli("vm", "resume", "mover", "--host", "host1", "--no-wait"))
+        assert state.task(task)["queue"] == "site.site2"  # a worker that sees the save runs it
+        seen = faults.wait(lambda: "image on host1" if sent_image(fleet, "host1", "mover")
+                           else "running on host1" if where_defined(fleet, "mover") else None,
+                           60, "the image was never sent")
+        c.kill_worker_of(task)
+        print("resume's worker killed, seen first:", seen)
+        lab.up(3)  # its worker back, as systemd would start it
+
+        def settled() -> bool:
+            save = state.save_of("mover")
+            return (save is None or save["state"] == "saved") and not state.holder("vm", "mover")
+        faults.wait(settled, 180, "the resume cut short was not settled")
+        print("resume killed mid-send:", where_defined(fleet, "mover"), state.save_of("mover"))
+        if state.save_of("mover") is not None:  # undone: suspended on site2, as it was
+            assert where_defined(fleet, "mover") == [] and (saved_at / "record.json").is_file()
+            assert not sent_image(fleet, "host1", "mover")
+            cli("vm", "resume", "mover", "--host", "host1", check_code=0)
+        assert where_defined(fleet, "mover") == ["host1"]
+        assert not saved_at.exists() and not sent_image(fleet, "host1", "mover")
+        wait_ticks(paths, "mover", before + 3)
+        assert_contiguous(ticks(paths, "mover"))  # it went on from where it stopped
+
         # A destroy removes it on both sites, through their hosts.
         cli("vm", "destroy", "mover", check_code=0)
         assert not [p for f in folders.values() for p in f.glob("mover@*")]

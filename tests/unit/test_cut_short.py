@@ -108,6 +108,10 @@ class FakeFleet:
         return list(self._hosts.values())
 
     find_all, find, locate = Fleet.find_all, Fleet.find, Fleet.locate  # the real ones
+    own_site, save_site, sees_save = Fleet.own_site, Fleet.save_site, Fleet.sees_save
+
+    def sites(self):
+        return {}  # a fleet that names no site
 
     def route_address(self, address, host):
         self.routes.append((address, host))

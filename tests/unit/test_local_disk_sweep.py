@@ -51,6 +51,10 @@ class FakeFleet:
     _tidy_suspended_disks, _remove_local_disks = (Fleet._tidy_suspended_disks,
                                                   Fleet._remove_local_disks)
     disk_kept_with_save, is_saved_whole = Fleet.disk_kept_with_save, Fleet.is_saved_whole
+    own_site, save_site, sees_save = Fleet.own_site, Fleet.save_site, Fleet.sees_save
+
+    def sites(self):
+        return {}  # a fleet that names no site
 
     def __init__(self, tmp_path, redis_url, *hosts):
         self.paths = SimpleNamespace(saves=tmp_path / "saves")

@@ -140,7 +140,8 @@ def test_a_job_with_a_save_still_going_is_not_resumed_in_part(tmp_path, redis_ur
     from types import SimpleNamespace
     from vmmgr.state import FleetState
     from vmmgr.suspend import INTENT, RECORD, saving_groups, sync_record
-    fleet = SimpleNamespace(paths=SimpleNamespace(saves=tmp_path), state=FleetState(redis_url))
+    from .saves_fleet import SavesFleet
+    fleet = SavesFleet(paths=SimpleNamespace(saves=tmp_path), state=FleetState(redis_url))
     for vm, done in (("rank0", True), ("rank1", False), ("solo", False)):
         d = tmp_path / vm
         d.mkdir()

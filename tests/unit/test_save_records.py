@@ -12,6 +12,8 @@ from vmmgr.locks import Lease
 from vmmgr.state import FleetState
 from vmmgr.view import suspended_row
 
+from .saves_fleet import SavesFleet
+
 DOMAIN = ("<domain><name>a</name><metadata><vmmgr:vm xmlns:vmmgr='https://vmmgr.dev/xmlns/vm/1'>"
           "<vmmgr:address>10.78.0.5</vmmgr:address></vmmgr:vm></metadata></domain>")
 RECORD = {"vm": "a", "from_host": "h1", "memory_mib": 128, "vcpus": 1, "suspended_at": 5.0,
@@ -21,8 +23,8 @@ RECORD = {"vm": "a", "from_host": "h1", "memory_mib": 128, "vcpus": 1, "suspende
 @pytest.fixture
 def fleet(tmp_path, redis_url):
     state = FleetState(redis_url)
-    return SimpleNamespace(paths=SimpleNamespace(saves=tmp_path / "saves"), state=state,
-                           lock_vm=lambda vm, what: Lease(state, "vm", vm, "test", what))
+    return SavesFleet(paths=SimpleNamespace(saves=tmp_path / "saves"), state=state,
+                      lock_vm=lambda vm, what: Lease(state, "vm", vm, "test", what))
 
 
 def folder(fleet, vm="a", **files) -> Path:

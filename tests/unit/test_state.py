@@ -88,6 +88,19 @@ def test_tasks_count_runs_and_old_ones_go(fleet_state, monkeypatch):
     assert fleet_state.task("t4")["worker"] == "host3"
 
 
+def test_a_task_never_listed_keeps_its_record_a_day_and_a_listed_one_its_runs(fleet_state):
+    """The beat's reconcile (every few seconds) and the passes it queues are not submitted
+    through `add_task`: their records must not pile up in the store for ever. A listed task a
+    worker started before the submitter listed it keeps its run count and its record."""
+    key = "vmmgr:task:beat1"
+    assert fleet_state.task_started("beat1", "host1") == 1
+    assert 0 < fleet_state.r.ttl(key) <= state_mod.UNLISTED_TASK_TTL
+    assert fleet_state.task_started("fast", "host1") == 1  # started before it was listed
+    fleet_state.add_task("fast", "resume", {"vm": "v"}, "site.east")
+    assert fleet_state.r.ttl("vmmgr:task:fast") == -1 and fleet_state.task("fast")["runs"] == "1"
+    assert fleet_state.task_started("fast", "host2") == 2
+
+
 def test_the_waiting_client_passes_on_each_event_once():
     seen, got = 0, []
     seen = _pass_on({"events": ["a", "b"], "event_count": 2}, seen, got.append)

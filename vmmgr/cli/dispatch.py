@@ -34,15 +34,16 @@ def run_request(paths: Paths, req, *, wait: bool, progress: bool = False,
                 events: bool = True) -> dict | None:
     """`run_operation` for a checked `vmmgr.requests.Request`."""
     return run_operation(paths, req.op, req.kwargs, host=req.host, lock=req.lock, wait=wait,
-                         progress=progress, events=events)
+                         progress=progress, events=events, site=req.site)
 
 
 def run_operation(paths: Paths, op: str, kwargs: dict, *, host: str | None,
                   lock: tuple[str, str, str] | None, wait: bool, progress: bool = False,
-                  events: bool = True) -> dict | None:
+                  events: bool = True, site: str | None = None) -> dict | None:
     """The operation's result, or None when it was only submitted (--no-wait).
 
-    `host` names the host whose worker should run it (None: any worker, on the control queue).
+    `host` names the host whose worker should run it; else `site`, the site whose workers
+    should (None: any worker, on the control queue).
     """
     global handed_over
     handed_over = True  # from here on, the outcome is the operation's, recorded by its run
@@ -50,11 +51,11 @@ def run_operation(paths: Paths, op: str, kwargs: dict, *, host: str | None,
     if url is None or in_process():
         return _here(paths, op, kwargs, lock, progress, events)
     from tasks import client
-    from tasks.app import CONTROL_QUEUE, host_queue, use_broker
+    from tasks.app import queue_for, use_broker
     from tasks.runtime import LockSpec
 
     use_broker(url)
-    queue = host_queue(host) if host else CONTROL_QUEUE
+    queue = queue_for(host, site)
     task_id = client.submit(paths, op, kwargs, queue, LockSpec(*lock) if lock else None)
     if not wait:
         click.echo(f"submitted {op}: task {task_id}")

@@ -1,0 +1,14 @@
+"""A fleet of saves only, for the unit tests of what acts on save folders: its paths and store
+(given), and the real rules for whose saves this node sees."""
+
+from types import SimpleNamespace
+
+from vmmgr.fleet import Fleet
+
+
+class SavesFleet(SimpleNamespace):
+    own_site, save_site, sees_save = Fleet.own_site, Fleet.save_site, Fleet.sees_save
+    require_save_here = Fleet.require_save_here
+
+    def sites(self) -> dict[str, str]:
+        return getattr(self, "site_of", {})  # none named unless a test names them

@@ -1,0 +1,166 @@
+"""Saves stay on the storage of the site they were made in (issue 18): only that site's nodes read
+a save's folder, change it or take it for gone; requests that act on one are queued to that site's
+workers; a VM with a writable disk on its site's storage resumes only there."""
+
+import json
+import shlex
+from pathlib import Path
+from types import SimpleNamespace
+
+import jinja2
+import pytest
+
+from tasks.app import CONTROL_QUEUE, queue_for
+from vmmgr import reclaim, requests, suspend
+from vmmgr.errors import Conflict
+from vmmgr.lab_services import Services
+from vmmgr.locks import Lease
+from vmmgr.paths import Paths
+from vmmgr.state import FleetState
+
+from .saves_fleet import SavesFleet
+
+RECORD = {"vm": "a", "from_host": "h1", "memory_mib": 128, "vcpus": 1, "suspended_at": 1.0,
+          "save_ms": 10, "image_bytes": 4096, "parked": True, "site": "east"}
+DOMAIN = "<domain><name>a</name><devices/></domain>"
+SITES = {"h1": "east", "h2": "east", "h3": "west"}
+
+
+def saved(site: str, vm: str = "a", **more) -> dict:
+    return {"state": "saved", "intent": {}, "address": "", "disk": False,
+            "record": dict(RECORD, vm=vm, site=site, **more)}
+
+
+@pytest.fixture
+def node(tmp_path, redis_url, monkeypatch):
+    """A worker of h1 (site east), seeing east's storage."""
+    monkeypatch.setenv("VMMGR_HOST", "h1")
+    state = FleetState(redis_url)
+    (tmp_path / "saves").mkdir()
+    return SavesFleet(paths=SimpleNamespace(saves=tmp_path / "saves",
+                                            storage=tmp_path),
+                      state=state, site_of=dict(SITES),
+                      lock_vm=lambda vm, what: Lease(state, "vm", vm, "test", what))
+
+
+def test_a_save_is_on_the_site_it_was_made_in(node):
+    assert node.own_site() == "east"
+    assert node.save_site(saved("west")) == "west" and node.save_site(None) is None
+    old = saved("")  # a copy written before saves named their site: its host's
+    del old["record"]["site"]
+    assert node.save_site(old) == "east"
+    assert node.save_site({"state": "saving", "record": None, "intent": {"from_host": "h3"}}) \
+        == "west"
+
+
+def test_a_node_never_forgets_another_sites_save_and_keeps_its_own_in_step(node):
+    node.state.put_save("far", saved("west", vm="far"))  # its folder is on west's storage
+    node.state.put_save("gone", saved("east", vm="gone"))  # east's, its folder removed
+    d = node.paths.saves / "here"
+    d.mkdir()
+    (d / "domain.xml").write_text(DOMAIN)
+    (d / "record.json").write_text(json.dumps(dict(RECORD, vm="here")))
+    changed = suspend.sync_records(node)
+    assert changed == ["gone", "here"]
+    assert node.state.save_of("far") == saved("west", vm="far")
+    assert node.state.save_of("gone") is None
+    assert node.state.save_of("here")["record"]["vm"] == "here"
+    suspend.sync_record(node, "far")  # after a step on it, by mistake, here: nothing
+    assert node.state.save_of("far") == saved("west", vm="far")
+
+
+def test_what_acts_on_another_sites_save_is_refused_here(node):
+    node.state.put_save("far", saved("west", vm="far"))
+    assert not node.sees_save("far") and node.sees_save("none")
+    with pytest.raises(Conflict, match="saved on site west's storage: its resume runs there"):
+        node.require_save_here("far", "resume")
+    node.require_save_here("none", "resume")  # no save: nothing to refuse
+    with pytest.raises(Conflict, match="site west"):
+        suspend._resume_held(node, "far", None, None)  # before it reads anything
+
+
+def test_the_disk_kept_with_another_sites_save_is_known_by_the_stores_copy(node):
+    from vmmgr.fleet import Fleet
+    node.is_saved_whole = lambda vm: Fleet.is_saved_whole(node, vm)
+    node.state.put_save("far", saved("west", vm="far") | {"disk": True})
+    node.state.put_save("half", saved("west", vm="half") | {"disk": True, "state": "saving"})
+    assert Fleet.disk_kept_with_save(node, "far")
+    assert not Fleet.disk_kept_with_save(node, "half")
+
+
+def test_requests_on_a_save_go_to_its_sites_workers(mocker):
+    fleet = mocker.Mock()
+    fleet.save_site.side_effect = lambda save: save and save["record"]["site"]
+    fleet.state.save_of.side_effect = {"far": saved("west", vm="far"),
+                                       "plain": saved("", vm="plain")}.get
+    fleet.sites.return_value = SITES
+    mocker.patch.object(requests.admission, "suspended_vm")
+    mocker.patch.object(requests.admission, "destroyable")
+    mocker.patch.object(requests.admission, "known_host")
+    req = requests.resume(fleet, "far", "h1")  # a host of another site: still run in west
+    assert (req.host, req.site, req.kwargs) == (None, "west", {"vm": "far", "host": "h1"})
+    assert queue_for(req.host, req.site) == "site.west"
+    req = requests.resume(fleet, "plain", "h1")  # a fleet naming no site: on the target
+    assert queue_for(req.host, req.site) == "host.h1"
+    assert queue_for(None, requests.destroy(fleet, "far").site) == "site.west"
+    assert queue_for(None, requests.destroy(fleet, "running").site) == CONTROL_QUEUE
+    reclaim_req = requests.evacuate(fleet, "h3", deadline=True)  # its saves are west's
+    assert queue_for(reclaim_req.host, reclaim_req.site) == "site.west"
+    drain = requests.evacuate(fleet, "h1", deadline=False)
+    assert queue_for(drain.host, drain.site) == "site.east"
+
+
+def test_a_vm_with_a_writable_disk_on_its_sites_storage_resumes_only_there(tmp_path):
+    xml = ("<domain><devices>"
+           f"<disk><source file='{tmp_path}/disks/a-swap.img'/><target dev='vdb'/></disk>"
+           f"<disk><source file='{tmp_path}/images/os/d/disk.qcow2'/><readonly/></disk>"
+           "<disk><source file='/var/lib/libvirt/vmmgr-disks/a.qcow2'/></disk>"
+           "<disk type='network'><source protocol='nbd'/></disk>"
+           "</devices></domain>")
+    assert suspend.site_bound(xml, tmp_path) == [f"{tmp_path}/disks/a-swap.img"]
+    assert suspend.site_bound("<domain><devices/></domain>", tmp_path) == []
+
+
+def test_a_sites_pass_resumes_only_its_own_parked_vms(node, mocker):
+    node.state.put_save("near", saved("east", vm="near"))
+    node.state.put_save("far", saved("west", vm="far"))
+    cap = SimpleNamespace()
+    node.active_capacities = lambda: {"h2": cap}
+    mocker.patch.object(reclaim, "place_together", side_effect=lambda caps, members, *a:
+                        ["h2"] * len(members))
+    resumed = mocker.patch.object(reclaim.operations, "resume")
+    assert reclaim.resume_parked(node, SimpleNamespace(event=print), synced=True) == ["near"]
+    assert [c.args[2:] for c in resumed.call_args_list] == [("near", "h2")]
+
+
+def test_a_worker_takes_its_sites_queue_in_the_lab_as_the_role_names_it(tmp_path):
+    services = Services(Paths(tmp_path), "10.0.0.1")
+    services.set_site_of("host3", "west")
+    template = (Path(__file__).parents[2] / "ansible/roles/vmmgr_worker/templates"
+                / "vmmgr-worker.service.j2")
+    for host, site in (("host3", "west"), ("host1", "")):
+        unit = jinja2.Template(template.read_text()).render(
+            ansible_managed="managed", inventory_hostname=host, vmmgr_worker_venv="/opt/v",
+            vmmgr_worker_threads=6, vmmgr_site=site)
+        [line] = [row for row in unit.splitlines() if row.startswith("ExecStart=")]
+        args = shlex.split(line.removeprefix("ExecStart="))
+        assert args[args.index("-Q") + 1] == services.queues_of(host)
+    assert services.queues_of("host3") == "host.host3,site.west,control"
+    assert [dst.name for _, dst in services.site_folders("west")] == ["consoles", "saves"]
+    assert services.site_folders("") == []
+
+
+def test_one_pass_over_a_sites_saves_at_a_time(node, mocker):
+    """The reconcile's own pass over its node's site and the one it queued there earlier never
+    run at once: each could place a parked VM in one host's last room."""
+    from vmmgr import reconcile
+    node.owner = "pass-2"
+    synced = mocker.patch.object(reconcile.suspension, "sync_records", return_value=[])
+    mocker.patch.object(reconcile, "recover_cut_short", return_value=[])
+    mocker.patch.object(reconcile.reclaim, "resume_parked", return_value=["a"])
+    with Lease(node.state, "fleet", "reconcile-saves:east", "pass-1", "pass over site east's"):
+        assert reconcile.reconcile_saves(node, None)["skipped"].startswith("another pass")
+        assert not synced.called
+    assert reconcile.reconcile_saves(node, None) == {"repaired": [], "recovered": [],
+                                                     "resumed": ["a"]}
+    assert node.state.holder("fleet", "reconcile-saves:east") is None
