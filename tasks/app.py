@@ -1,8 +1,8 @@
 """The Celery app: Redis as broker and result backend, one worker per host.
 
 Queues: `host.<name>` carries work that belongs on one host (the migrations it sends, its saves);
-`site.<site>` work on one site's storage (resumes, and the reclaims and drains whose saves are
-written there: another site's workers do not see it); `control` fleet-wide work (placement,
+`site.<site>` work on one site's storage (resumes and destroys of the VMs saved there, reclaims
+of its hosts, whose saves are written there: another site's workers do not see it); `control` fleet-wide work (placement,
 reconcile). Every worker consumes its own host's queue, its site's (where it has one) and
 `control`.
 

@@ -23,7 +23,9 @@ from vmmgr.locks import Lease
 from vmmgr.paths import default_paths
 from vmmgr.state import FleetState, stored
 
-from .app import UNACKED_INDEX, VISIBILITY_TIMEOUT
+from vmmgr.inventory import Inventory
+
+from .app import UNACKED_INDEX, VISIBILITY_TIMEOUT, site_queue
 
 HEARTBEAT = max(1.0, VISIBILITY_TIMEOUT / 3)
 LOCK_TTL = 2 * VISIBILITY_TIMEOUT  # outlives a dead worker until its task is redelivered
@@ -46,8 +48,21 @@ def _announce_ready(sender=None, **_):
     threading.Thread(target=view.follow_host, name="view-events", daemon=True,
                      args=(default_paths(), worker_host(), threading.Event(),
                            logging.getLogger("vmmgr.view").warning)).start()
+    _consume_own_sites_queue(sender)
     # `vmmgr lab up` (and an operator's health check) wait for this key.
     state().r.set(f"vmmgr:worker:{worker_host()}", f"{os.getpid()} {sender.hostname}")
+
+
+def _consume_own_sites_queue(consumer) -> None:
+    """The site queue of this host's site as the inventory names it, if the worker was not
+    started on it (`-Q`, the role's `vmmgr_site`): a site's resumes and reclaims must never
+    wait on a queue none of its workers reads because one setting was missed."""
+    site = {r.name: r.site for r in Inventory(state().r).records()}.get(worker_host(), "")
+    if site and not consumer.task_consumer.consuming_from(site_queue(site)):
+        logging.getLogger("vmmgr.worker").warning(
+            "%s is in site %s but was not started on its queue: consuming %s", worker_host(),
+            site, site_queue(site))
+        consumer.add_task_queue(site_queue(site))
 
 
 def worker_host() -> str:

@@ -132,16 +132,13 @@ class Fleet:
         me = os.environ.get("VMMGR_HOST")
         return self.sites().get(me, "") if me else ""
 
-    def save_site(self, save: dict | None, sites: dict[str, str] | None = None) -> str | None:
-        """The site on whose storage a save (the store's copy) lives: the one it was made in;
-        None for no save. (`sites`: `sites()`, read once by a caller asking of many.)"""
+    def save_site(self, save: dict | None) -> str | None:
+        """The site on whose storage a save (the store's copy) lives: the one it was made in,
+        as the save names it; None for no save. A save made before saves named their site is
+        on the storage of a fleet that named none ("")."""
         if save is None:
             return None
-        made = save.get("record") or save.get("intent") or {}
-        if "site" in made:
-            return made["site"]
-        sites = self.sites() if sites is None else sites
-        return sites.get(made.get("from_host", ""), "")  # a save from before sites
+        return (save.get("record") or save.get("intent") or {}).get("site", "")
 
     def sees_save(self, vm: str) -> bool:
         """Whether this node sees the storage the VM's save (if any) is on: only there is its
@@ -153,9 +150,16 @@ class Fleet:
         """Refuse `what` of a VM saved on another site's storage (its site's workers run it)."""
         if self.state.save_of(vm) is not None and not self.sees_save(vm):
             site = self.save_site(self.state.save_of(vm))
-            where = f"site {site}'s storage" if site else "storage this node does not see"
-            raise Conflict(f"VM {vm!r} is saved on {where}: its {what} runs there (a worker of "
-                           "that site)")
+            raise Conflict(f"VM {vm!r} is saved on the storage of site {site or '-'}, which this "
+                           f"node does not see: its {what} runs there (a worker of that site)")
+
+    def require_own_site(self, host: str, what: str) -> None:
+        """Refuse `what`, a save of a VM on `host`, on a node of another site: the save would be
+        written on this node's storage, not on the storage of the host's site."""
+        site = self.sites().get(host, "")
+        if site != self.own_site():
+            raise Conflict(f"{what} writes on the storage of site {site or '-'}, which this node "
+                           "does not see: it runs on a worker of that site")
 
     def find_all(self, vm: str, strict: bool = False,
                  among: Iterable[str] | None = None) -> list[Guest]:
@@ -531,8 +535,8 @@ class Fleet:
         store's copy of its save, or by the folder where this node sees it (a copy not yet
         written must not let anything take the VM for gone)."""
         save = self.state.save_of(vm)
-        if save is not None and save["record"] is not None:
-            return True
+        if save is not None and (save["record"] is not None or not self.sees_save(vm)):
+            return True  # (a save begun on another site: only its site can tell how it ends)
         d = self.paths.saves / vm
         return (d / "record.json").is_file() or (d / "claim.json").is_file()
 

@@ -126,8 +126,9 @@ def find(conn: libvirt.virConnect, vm: str) -> libvirt.virStorageVol | None:
     return vol
 
 
-def held(conn: libvirt.virConnect) -> set[str]:
-    """The VMs with a disk in this host's pool, as libvirt lists them (no pool yet: none)."""
+def held(conn: libvirt.virConnect, suffix: str = "") -> set[str]:
+    """The VMs with a disk in this host's pool, as libvirt lists them (no pool yet: none);
+    with `suffix` ".save", those with a save image sent here."""
     with translated("the host's disk pool"):
         try:
             pool = conn.storagePoolLookupByName(POOL)
@@ -138,7 +139,7 @@ def held(conn: libvirt.virConnect) -> set[str]:
         if not pool.isActive():
             return set()
         names = pool.listVolumes()
-    suffix = volume_name("")
+    suffix = suffix or volume_name("")
     return {n[:-len(suffix)] for n in names if n.endswith(suffix) and len(n) > len(suffix)}
 
 
@@ -371,8 +372,13 @@ def receive_image(conn: libvirt.virConnect, vm: str, file: Path,
 
 def remove_image(conn: libvirt.virConnect, vm: str) -> bool:
     """Delete a save image sent to this host (`receive_image`); whether there was one."""
-    pool = ensure_pool(conn)
     with translated(f"{vm}'s save image"):
+        try:
+            pool = conn.storagePoolLookupByName(POOL)
+        except libvirt.libvirtError as err:
+            if err.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_POOL:
+                return False  # (a host that never held a disk: none was sent)
+            raise
         try:
             vol = pool.storageVolLookupByName(image_volume_name(vm))
         except libvirt.libvirtError as err:

@@ -252,14 +252,16 @@ def resume_parked(fleet: Fleet, report, synced: bool = False) -> list[str]:
     own = fleet.own_site()
     for members in jobs.values():
         sites = fleet.sites()
-        if all((m.site or sites.get(m.from_host, "")) != own for m in members):
+        if all(m.site != own for m in members):
             continue  # saved on another site's storage: that site's pass resumes them
-        targets = place_together(fleet.active_capacities(), members, sites,
-                                 sites.get(members[0].from_host, ""))
+        caps = fleet.active_capacities()
+        if any(_site_bound(fleet, m) for m in members if m.site == own):
+            caps = {h: c for h, c in caps.items() if sites.get(h, "") == members[0].site}
+        targets = place_together(caps, members, sites, members[0].site)
         if targets is None:
             continue
         for record, target in zip(members, targets):
-            if (record.site or sites.get(record.from_host, "")) != own:
+            if record.site != own:
                 continue  # a member saved on another site: its site's pass, with the same room
             try:
                 operations.resume(fleet, report, record.vm, target)
@@ -267,6 +269,15 @@ def resume_parked(fleet: Fleet, report, synced: bool = False) -> list[str]:
             except VmmgrError as err:  # e.g. raced with another operation: the image stays
                 report.event(f"{record.vm}: not resumed: {err}", vm=record.vm)
     return resumed
+
+
+def _site_bound(fleet: Fleet, record) -> bool:
+    """Whether a parked VM has a writable disk on its site's storage (it resumes only there)."""
+    try:
+        xml = (suspend.save_dir(fleet, record.vm) / "domain.xml").read_text()
+    except OSError:
+        return False  # resumed meanwhile: its resume says so
+    return bool(suspend.site_bound(xml, fleet.paths.storage))
 
 
 def place_together(capacities: dict[str, Capacity], members: list,

@@ -26,11 +26,17 @@ from .render import address_of
 def reconcile(fleet: Fleet, report, start=None, start_saves=None) -> dict:
     """One pass. `start(vm)`, when given, starts a post-copy recovery elsewhere (the
     task API queues it as the VM's own task); without it the pass runs each one itself.
-    The saves on this node's site's storage are its own to keep (`reconcile_saves`); those of
-    every other site, `start_saves(site)`'s: the task API queues that site's pass there."""
-    saves = reconcile_saves(fleet, report)  # first: what follows reads the saves there
-    if start_saves is not None:
-        for site in sorted(set(fleet.sites().values()) - {fleet.own_site()}):
+    The saves are each site's to keep (`reconcile_saves`, on the storage only its nodes see):
+    in a fleet that names sites, `start_saves(site)` starts each site's pass (the task API
+    queues it on the site's queue); otherwise, or without it, this pass keeps this node's."""
+    sites = set(fleet.sites().values())
+    if start_saves is None or sites <= {""}:
+        saves = reconcile_saves(fleet, report)  # first: what follows reads the saves there
+    else:
+        # Each site's pass on that site's queue, this node's too: one that sends an image
+        # across the WAN for minutes must not hold up the fleet's pass (and its lease).
+        saves = {"repaired": [], "recovered": [], "resumed": []}
+        for site in sorted(sites | {fleet.own_site()}):
             try:
                 start_saves(site)
             except Exception as err:  # noqa: BLE001 - the broker is away: the next pass
@@ -47,6 +53,7 @@ def reconcile(fleet: Fleet, report, start=None, start_saves=None) -> dict:
     rerouted += release_stale_holds(fleet, report)
     snapshot_hosts(fleet)
     swept = sweep_local_disks(fleet, report)  # last: the records and routes come first
+    swept += sweep_sent_images(fleet, report)
     swept += sweep_image_copies(fleet, report)
     swept += site_consoles.retry_drops(fleet, report)
     swept += sweep_addresses(fleet, report, rows)
@@ -162,6 +169,34 @@ def sweep_local_disks(fleet: Fleet, report) -> list[str]:
             report.event(f"{vm}: stray local disk removed from {host}", vm=vm, host=host,
                          kind="repair")
             swept.append(f"{vm}@{host}")
+    return swept
+
+
+def sweep_sent_images(fleet: Fleet, report) -> list[str]:
+    """Remove the save images a resume sent to a host of another site and could not take back
+    (the host did not answer then): a memory image is not left on a host for good. Only where
+    no resume holds the VM and its save is not claimed (a resume cut short: `recover` takes it
+    back). Returns "vm@host" for each image removed."""
+    swept = []
+    for host in fleet.hosts():
+        try:
+            sent = local_disks.held(host.conn, local_disks.image_volume_name(""))
+        except VmmgrError:
+            continue  # away: the next pass
+        for vm in sorted(sent):
+            try:
+                if fleet.state.holder("vm", vm):
+                    continue
+                with fleet.lock_vm(vm, f"{HOUSEKEEPING}sweep of {vm}'s sent save image"):
+                    if (fleet.state.save_of(vm) or {}).get("state") == "claimed":
+                        continue
+                    if not local_disks.remove_image(host.conn, vm):
+                        continue
+            except VmmgrError:
+                continue  # taken meanwhile, or the host stopped answering: the next pass
+            report.event(f"{vm}: a save image sent to {host.name} and left there removed",
+                         vm=vm, host=host.name, kind="repair")
+            swept.append(f"{vm}@{host.name}")
     return swept
 
 

@@ -182,8 +182,8 @@ def sync_records(fleet: Fleet, report=None) -> list[str]:
     if not root.is_dir():
         return []
     stored = fleet.state.saves()
-    own, sites = fleet.own_site(), fleet.sites()
-    mine = {vm for vm, save in stored.items() if fleet.save_site(save, sites) == own}
+    own = fleet.own_site()
+    mine = {vm for vm, save in stored.items() if fleet.save_site(save) == own}
     changed = []
     for vm in sorted({d.name for d in root.iterdir() if d.is_dir()} | mine):
         try:
@@ -211,6 +211,7 @@ def sync_records(fleet: Fleet, report=None) -> list[str]:
 MODES = ("save", "guest")
 INTENT, RECORD, CLAIM = "intent.json", "record.json", "claim.json"
 DISK, DISK_SUM = "disk.qcow2", "disk.json"  # a local disk kept while the VM is suspended
+SENT = "sent.json"  # the host of another site a resume sends the image to
 # libvirt writes this magic at the head of a save image only once the image is complete
 # ("LibvirtQemudPart" while it is being written): src/qemu/qemu_saveimage.h
 COMPLETE_MAGIC = b"LibvirtQemudSave"
@@ -248,6 +249,7 @@ def _suspend_held(fleet: Fleet, vm: str, parked: bool, mode: str | None, lease) 
     if mode == "save" and not live:
         raise Conflict(f"VM {vm!r} cannot be saved by its host: it {why}; it can hibernate "
                        "(--mode guest)")
+    fleet.require_own_site(guest.host_name, f"the suspend of {vm}")
     lease.check()
     if mode == "guest":
         return _hibernate(fleet, guest, parked)
@@ -289,9 +291,11 @@ def park_stopped(fleet: Fleet, vm: str) -> Suspended:
     guest = fleet.locate(vm)
     if guest.is_active():
         raise Conflict(f"VM {vm!r} is {guest.state()}: only a stopped VM's definition is parked")
+    fleet.require_own_site(guest.host_name, f"the parking of {vm}")
     try:
         d = _begin(guest, True, "stopped", guest.xml(inactive=True, migratable=True),
                    save_dir(fleet, vm), fleet.sites().get(guest.host_name, ""))
+        _sync_begun(fleet, vm, d)  # in the store before the host lets the VM go
         return _suspended(d, guest, json.loads((d / INTENT).read_text()), 0, 0)
     finally:
         _sync_quietly(fleet, vm)
@@ -434,7 +438,7 @@ def _resume_held(fleet: Fleet, vm: str, host: str | None, lease) -> Resumed:
     d = save_dir(fleet, vm)
     needs = (record.memory_mib, record.vcpus, record.device_model, record.device_count)
     sites = fleet.sites()
-    home = record.site or sites.get(record.from_host, "")
+    home = record.site  # ("": a fleet's that named no site when it was saved)
     bound = site_bound((d / "domain.xml").read_text(), fleet.paths.storage)
     if host is None:
         caps = fleet.active_capacities()  # back in the site it left, while that has room
@@ -459,9 +463,12 @@ def _resume_held(fleet: Fleet, vm: str, host: str | None, lease) -> Resumed:
     _sync_quietly(fleet, vm)  # claimed: its row comes from the host it runs on from here
     try:
         load_local_disk(fleet, d, target, record.from_host)
-        # a host of another site reads its own storage, not this one's: the image goes there
-        image = (Path(local_disks.receive_image(target.conn, vm, d / "image"))
-                 if record.mode == "save" and sites.get(host, "") != home else d / "image")
+        image = d / "image"
+        if record.mode == "save" and sites.get(host, "") != home:
+            # a host of another site reads its own storage, not this one's: the image goes
+            # there (where to is noted first: `recover` takes it back from there)
+            _write_json(d / SENT, {"host": host})
+            image = Path(local_disks.receive_image(target.conn, vm, d / "image"))
     except Exception:
         _drop_loaded_disk(d, target)
         _unclaim(d)  # its kept disk and image stay on storage, the VM stays suspended
@@ -508,13 +515,14 @@ def site_bound(domain_xml: str, storage: Path) -> list[str]:
 
 
 def _drop_sent_image(vm: str, target, image: Path, d: Path) -> None:
-    """A resume that failed on `target` takes back the image it sent there (its site's
+    """Take back the image a resume sent to `target` (restored, or failed there: its site's
     storage keeps the save)."""
     if image != d / "image":
         try:
             local_disks.remove_image(target.conn, vm)
+            (d / SENT).unlink(missing_ok=True)
         except VmmgrError:
-            pass  # a host away: `recover` or the next resume there removes it
+            pass  # a host away: the reconcile's sweep takes it back (`sweep_local_disks`)
 
 
 def _drop_loaded_disk(d: Path, target) -> None:
@@ -712,7 +720,7 @@ def _recover_resume(fleet: Fleet, vm: str, d: Path, wait: float) -> str:
         guest = next((g for g in found if g.state() == "running"), None) or (
             found[0] if found else None)
         if guest is None:
-            _drop_images_sent(fleet, vm)
+            _drop_images_sent(fleet, vm, d)
             _unclaim(d)
             return "the resume cut short had not restored it: suspended again"
         if guest.state() == "running" or not guest.has_job():
@@ -726,22 +734,24 @@ def _recover_resume(fleet: Fleet, vm: str, d: Path, wait: float) -> str:
     elif guest.state() == "paused":
         guest.resume()
     host = fleet.host(guest.host_name)
-    _drop_images_sent(fleet, vm)
+    _drop_images_sent(fleet, vm, d)
     _resumed_on(fleet, host, d, None if guest.is_persistent() else guest.console_path())
     return f"the resume cut short had restored it on {host.name}: finished"
 
 
-def _drop_images_sent(fleet: Fleet, vm: str) -> None:
-    """Remove the save image a resume cut short may have sent to a host of another site
-    (`receive_image`). A copy there is never restored by anyone (a resume sends its own), so
-    one on a host that does not answer now is only space, taken back by the next resume there."""
-    sites, own = fleet.sites(), fleet.own_site()
-    for host in fleet.hosts():
-        if sites.get(host.name, "") != own and host.record.state != "reclaimed":
-            try:
-                local_disks.remove_image(host.conn, vm)
-            except VmmgrError:
-                pass
+def _drop_images_sent(fleet: Fleet, vm: str, d: Path) -> None:
+    """Remove the save image a resume cut short may have sent to a host of another site (the
+    one `SENT` names). A copy there is never restored by anyone (a resume sends its own), so
+    one on a host that does not answer now is only space: the reconcile's sweep takes it back
+    once it answers (`sweep_local_disks`)."""
+    sent = _json_or_none(d / SENT)
+    if sent is None:
+        return
+    try:
+        local_disks.remove_image(fleet.host(sent["host"]).conn, vm)
+        (d / SENT).unlink(missing_ok=True)
+    except VmmgrError:
+        pass
 
 
 def _running_idle(guest) -> bool:

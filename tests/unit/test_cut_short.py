@@ -109,6 +109,7 @@ class FakeFleet:
 
     find_all, find, locate = Fleet.find_all, Fleet.find, Fleet.locate  # the real ones
     own_site, save_site, sees_save = Fleet.own_site, Fleet.save_site, Fleet.sees_save
+    require_own_site = Fleet.require_own_site
 
     def sites(self):
         return {}  # a fleet that names no site

@@ -46,11 +46,11 @@ def node(tmp_path, redis_url, monkeypatch):
 def test_a_save_is_on_the_site_it_was_made_in(node):
     assert node.own_site() == "east"
     assert node.save_site(saved("west")) == "west" and node.save_site(None) is None
-    old = saved("")  # a copy written before saves named their site: its host's
-    del old["record"]["site"]
-    assert node.save_site(old) == "east"
-    assert node.save_site({"state": "saving", "record": None, "intent": {"from_host": "h3"}}) \
-        == "west"
+    old = saved("")  # a copy written before saves named their site: on the one storage
+    del old["record"]["site"]  # of a fleet that named none, whichever site its host is in now
+    assert node.save_site(old) == ""
+    assert node.save_site({"state": "saving", "record": None,
+                           "intent": {"from_host": "h1", "site": "west"}}) == "west"
 
 
 def test_a_node_never_forgets_another_sites_save_and_keeps_its_own_in_step(node):
@@ -72,11 +72,28 @@ def test_a_node_never_forgets_another_sites_save_and_keeps_its_own_in_step(node)
 def test_what_acts_on_another_sites_save_is_refused_here(node):
     node.state.put_save("far", saved("west", vm="far"))
     assert not node.sees_save("far") and node.sees_save("none")
-    with pytest.raises(Conflict, match="saved on site west's storage: its resume runs there"):
+    with pytest.raises(Conflict, match="storage of site west, which this node does not see: "
+                                       "its resume runs there"):
         node.require_save_here("far", "resume")
     node.require_save_here("none", "resume")  # no save: nothing to refuse
     with pytest.raises(Conflict, match="site west"):
         suspend._resume_held(node, "far", None, None)  # before it reads anything
+    # and a save is written only by a node of its host's site
+    node.require_own_site("h2", "the suspend of a")
+    with pytest.raises(Conflict, match="writes on the storage of site west"):
+        node.require_own_site("h3", "the suspend of b")
+
+
+def test_a_save_begun_on_another_site_counts_as_suspended_here(node):
+    """A worker killed there after the host let the VM go, its copy still "saving": only its
+    site can tell how it ends, and until then no other node takes the VM for gone."""
+    from vmmgr.fleet import Fleet
+    node.state.put_save("far", {"state": "saving", "record": None, "address": "",
+                                "disk": False, "intent": {"vm": "far", "site": "west"}})
+    assert Fleet.is_suspended(node, "far")
+    node.state.put_save("near", {"state": "saving", "record": None, "address": "",
+                                 "disk": False, "intent": {"vm": "near", "site": "east"}})
+    assert not Fleet.is_suspended(node, "near")  # its folder, here, says: no record yet
 
 
 def test_the_disk_kept_with_another_sites_save_is_known_by_the_stores_copy(node):
@@ -106,8 +123,8 @@ def test_requests_on_a_save_go_to_its_sites_workers(mocker):
     assert queue_for(None, requests.destroy(fleet, "running").site) == CONTROL_QUEUE
     reclaim_req = requests.evacuate(fleet, "h3", deadline=True)  # its saves are west's
     assert queue_for(reclaim_req.host, reclaim_req.site) == "site.west"
-    drain = requests.evacuate(fleet, "h1", deadline=False)
-    assert queue_for(drain.host, drain.site) == "site.east"
+    drain = requests.evacuate(fleet, "h1", deadline=False)  # it saves nothing: any worker
+    assert queue_for(drain.host, drain.site) == CONTROL_QUEUE
 
 
 def test_a_vm_with_a_writable_disk_on_its_sites_storage_resumes_only_there(tmp_path):
@@ -164,3 +181,25 @@ def test_one_pass_over_a_sites_saves_at_a_time(node, mocker):
     assert reconcile.reconcile_saves(node, None) == {"repaired": [], "recovered": [],
                                                      "resumed": ["a"]}
     assert node.state.holder("fleet", "reconcile-saves:east") is None
+
+
+def test_a_worker_not_started_on_its_sites_queue_takes_it_up(redis_url, monkeypatch):
+    """A host's site is recorded by `host add --site`; its worker's queues by the role's
+    `vmmgr_site`. Where they disagree (a setting missed), the worker consumes the queue the
+    inventory names, or the site's resumes and reclaims would wait there for ever."""
+    from tasks import runtime
+    from vmmgr.inventory import HostRecord, Inventory
+    monkeypatch.setattr(runtime, "state", lambda: FleetState(redis_url))
+    Inventory(FleetState(redis_url).r).add(HostRecord("h3", "qemu+tls://h3/system",
+                                                      site="west"))
+    added, consumed = [], set()
+    consumer = SimpleNamespace(
+        task_consumer=SimpleNamespace(consuming_from=lambda q: q in consumed),
+        add_task_queue=lambda q: (added.append(q), consumed.add(q)))
+    monkeypatch.setenv("VMMGR_HOST", "h3")
+    runtime._consume_own_sites_queue(consumer)
+    runtime._consume_own_sites_queue(consumer)  # started on it: nothing more
+    assert added == ["site.west"]
+    monkeypatch.setenv("VMMGR_HOST", "elsewhere")  # a worker the inventory does not name
+    runtime._consume_own_sites_queue(consumer)
+    assert added == ["site.west"]
