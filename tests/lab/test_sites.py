@@ -181,7 +181,8 @@ def test_moves_stay_in_their_site_and_cross_the_wan_only_when_it_is_full(lab, ma
             return (save is None or save["state"] == "saved") and not state.holder("vm", "far")
         faults.wait(settled, 180, "the resume cut short was not settled")
         print("resume's worker killed mid-send:", where_defined(fleet, "far"),
-              state.save_of("far") and state.save_of("far")["state"])
+              state.save_of("far") and state.save_of("far")["state"],
+              [e["message"] for e in state.events(100, vm="far")][-6:])
         if state.save_of("far") is not None:  # undone: suspended on site2, as it was
             assert where_defined(fleet, "far") == []
             assert (site_saves(lab, "site2") / "far" / "record.json").is_file()
