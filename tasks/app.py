@@ -2,7 +2,7 @@
 
 Queues: `host.<name>` carries work that belongs on one host (the migrations it sends, its saves);
 `site.<site>` work on one site's storage (resumes and destroys of the VMs saved there, reclaims
-of its hosts, whose saves are written there: another site's workers do not see it); `control` fleet-wide work (placement,
+and drains of its hosts, whose saves are written there: another site's workers do not see it); `control` fleet-wide work (placement,
 reconcile). Every worker consumes its own host's queue, its site's (where it has one) and
 `control`.
 

@@ -48,14 +48,17 @@ def _announce_ready(sender=None, **_):
     threading.Thread(target=view.follow_host, name="view-events", daemon=True,
                      args=(default_paths(), worker_host(), threading.Event(),
                            logging.getLogger("vmmgr.view").warning)).start()
-    _consume_own_sites_queue(sender)
     # `vmmgr lab up` (and an operator's health check) wait for this key.
     state().r.set(f"vmmgr:worker:{worker_host()}", f"{os.getpid()} {sender.hostname}")
+    try:
+        _consume_own_sites_queue(sender)
+    except Exception:  # noqa: BLE001 - started on its queues all the same; said in its log
+        logging.getLogger("vmmgr.worker").exception("its site's queue not checked")
 
 
 def _consume_own_sites_queue(consumer) -> None:
     """The site queue of this host's site as the inventory names it, if the worker was not
-    started on it (`-Q`, the role's `vmmgr_site`): a site's resumes and reclaims must never
+    started on it (`-Q`, the role's `vmmgr_worker_site`): a site's resumes and reclaims must never
     wait on a queue none of its workers reads because one setting was missed."""
     site = {r.name: r.site for r in Inventory(state().r).records()}.get(worker_host(), "")
     if site and not consumer.task_consumer.consuming_from(site_queue(site)):

@@ -256,7 +256,7 @@ def resume_parked(fleet: Fleet, report, synced: bool = False) -> list[str]:
             continue  # saved on another site's storage: that site's pass resumes them
         caps = fleet.active_capacities()
         if any(_site_bound(fleet, m) for m in members if m.site == own):
-            caps = {h: c for h, c in caps.items() if sites.get(h, "") == members[0].site}
+            caps = {h: c for h, c in caps.items() if sites.get(h, "") == own}
         targets = place_together(caps, members, sites, members[0].site)
         if targets is None:
             continue

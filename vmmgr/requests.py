@@ -142,10 +142,10 @@ def evacuate(fleet: Fleet, host: str, deadline: bool, timeout: float = 600.0,
     kwargs = {"host": host} | ({} if deadline else {"timeout": timeout})
     if deadline_s is not None:  # an instant: a rerun races the same clock
         kwargs["deadline_at"] = round(time.time() + deadline_s, 3)
-    # a reclaim on the host's site: the saves it makes are written on that site's storage (a
-    # drain makes none: any worker)
+    # on the host's site: the saves either makes (a drain too, hibernating a VM that cannot
+    # move live) are written on that site's storage
     return Request(f"{verb}_host", kwargs, None, ("host", host, f"{verb} of {host}"),
-                   site=fleet.sites().get(host, "") if deadline else None)
+                   site=fleet.sites().get(host, ""))
 
 
 def enable(fleet: Fleet, host: str) -> Request:

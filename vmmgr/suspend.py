@@ -483,6 +483,7 @@ def _resume_held(fleet: Fleet, vm: str, host: str | None, lease) -> Resumed:
                        round(time.time() - record.suspended_at, 1), state="shutoff")
     t0 = time.monotonic()
     try:
+        lease.check()  # (the image sent is swept where no resume holds the VM)
         target.restore(image, set_console_path(target.save_image_xml(image), segment))
     except HostUnreachable:
         # It may have restored there before the answer was lost: the claim stays, and
@@ -522,7 +523,7 @@ def _drop_sent_image(vm: str, target, image: Path, d: Path) -> None:
             local_disks.remove_image(target.conn, vm)
             (d / SENT).unlink(missing_ok=True)
         except VmmgrError:
-            pass  # a host away: the reconcile's sweep takes it back (`sweep_local_disks`)
+            pass  # a host away: the reconcile's sweep takes it back (`sweep_sent_images`)
 
 
 def _drop_loaded_disk(d: Path, target) -> None:
@@ -743,7 +744,7 @@ def _drop_images_sent(fleet: Fleet, vm: str, d: Path) -> None:
     """Remove the save image a resume cut short may have sent to a host of another site (the
     one `SENT` names). A copy there is never restored by anyone (a resume sends its own), so
     one on a host that does not answer now is only space: the reconcile's sweep takes it back
-    once it answers (`sweep_local_disks`)."""
+    once it answers (`sweep_sent_images`)."""
     sent = _json_or_none(d / SENT)
     if sent is None:
         return
