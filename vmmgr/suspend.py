@@ -491,14 +491,14 @@ def _resume_held(fleet: Fleet, vm: str, host: str | None, lease) -> Resumed:
         raise
     except VmmgrError:
         _drop_loaded_disk(d, target)
-        _drop_sent_image(vm, target, image, d)
+        _drop_images_sent(fleet, vm, d)
         _unclaim(d)  # nothing runs: the image stays, the VM stays suspended
         site_consoles.drop_if_empty(fleet, vm, segment)
         raise
     # It runs on the target from here: whatever fails now is finished forward (`recover`),
     # never undone, or the image could be restored a second time.
     restore_ms = int((time.monotonic() - t0) * 1000)
-    _drop_sent_image(vm, target, image, d)  # restored: QEMU holds what it needed of it
+    _drop_images_sent(fleet, vm, d)  # restored: QEMU holds what it needed of it
     _resumed_on(fleet, target, d, segment)
     return Resumed(vm, host, restore_ms, round(time.time() - record.suspended_at, 1))
 
@@ -513,17 +513,6 @@ def site_bound(domain_xml: str, storage: Path) -> list[str]:
         if path and disk.find("readonly") is None and Path(path).is_relative_to(storage):
             found.append(path)
     return found
-
-
-def _drop_sent_image(vm: str, target, image: Path, d: Path) -> None:
-    """Take back the image a resume sent to `target` (restored, or failed there: its site's
-    storage keeps the save)."""
-    if image != d / "image":
-        try:
-            local_disks.remove_image(target.conn, vm)
-            (d / SENT).unlink(missing_ok=True)
-        except VmmgrError:
-            pass  # a host away: the reconcile's sweep takes it back (`sweep_sent_images`)
 
 
 def _drop_loaded_disk(d: Path, target) -> None:
