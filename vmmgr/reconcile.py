@@ -58,9 +58,11 @@ def reconcile(fleet: Fleet, report, start=None, start_saves=None) -> dict:
     swept += site_consoles.retry_drops(fleet, report)
     swept += sweep_addresses(fleet, report, rows)
     fleet.state.write_usage_baseline()
+    # (the saves' pass counts its own: in a fleet that names sites, it runs on each site)
     metrics.count(fleet.state.r, "reconcile_repairs",
-                  by=len(repaired) + len(rerouted) + len(swept))
-    metrics.count(fleet.state.r, "reconcile_recoveries", by=len(recovered))
+                  by=len(repaired) - len(copied) + len(rerouted) + len(swept))
+    metrics.count(fleet.state.r, "reconcile_recoveries",
+                  by=len(recovered) - len(saves["recovered"]))
     return {"recovered": recovered, "resumed": resumed, "repaired": repaired,
             "rerouted": rerouted, "recoveries_started": postcopies if start else [],
             "swept": swept}
@@ -86,6 +88,8 @@ def reconcile_saves(fleet: Fleet, report) -> dict:
         resumed = reclaim.resume_parked(fleet, report, synced=True)
     finally:
         lease.__exit__(None, None, None)
+    metrics.count(fleet.state.r, "reconcile_repairs", by=len(copied))
+    metrics.count(fleet.state.r, "reconcile_recoveries", by=len(recovered))
     return {"repaired": copied, "recovered": recovered, "resumed": resumed}
 
 

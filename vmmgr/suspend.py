@@ -468,9 +468,16 @@ def _resume_held(fleet: Fleet, vm: str, host: str | None, lease) -> Resumed:
             # a host of another site reads its own storage, not this one's: the image goes
             # there (where to is noted first: `recover` takes it back from there)
             _write_json(d / SENT, {"host": host})
-            image = Path(local_disks.receive_image(target.conn, vm, d / "image"))
+            try:
+                image = Path(local_disks.receive_image(target.conn, vm, d / "image"))
+            except VmmgrError as err:
+                raise VmmgrError(f"{vm} not resumed on {host}: it could not receive the save "
+                                 f"image ({err}); {vm} stays suspended on site {home}") from err
     except Exception:
         _drop_loaded_disk(d, target)
+        # (what reached the target and could not be taken back then is the sweep's: `recover`
+        # has nothing to undo once the claim is given back)
+        (d / SENT).unlink(missing_ok=True)
         _unclaim(d)  # its kept disk and image stay on storage, the VM stays suspended
         site_consoles.drop_if_empty(fleet, vm, segment)
         raise

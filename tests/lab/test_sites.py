@@ -193,6 +193,44 @@ def test_moves_stay_in_their_site_and_cross_the_wan_only_when_it_is_full(lab, ma
         passes = wait_dirtier_passes(paths, "far", 0)
         wait_dirtier_passes(paths, "far", passes + 1)
         assert_memory_intact(paths, "far")
+
+        # The WAN cut while the image is on its way (suspended on site1, resumed on host3):
+        # the resume fails and says so, the VM stays suspended on site1 with its save whole,
+        # and what reached host3 is removed (by the sweep: the worker could not reach host3).
+        cli("vm", "suspend", "far", check_code=0)
+        assert (site_saves(lab, "site1") / "far" / "record.json").is_file()
+        swept = "far: a save image sent to host3 and left there removed"
+        task = c.task_of(c.cli("vm", "resume", "far", "--host", "host3", "--no-wait"))
+        assert state.task(task)["queue"] == "site.site1"
+        faults.wait(lambda: sent_image(fleet, "host3", "far"), 120, "the image was never sent")
+        time.sleep(1)
+        for source in ("host1", "host2"):  # whichever of site1's workers runs it
+            c.link(False, source=source, target="host3")
+        try:
+            faults.wait(lambda: c.task_state(task) == "FAILURE", 120, "the resume went on")
+            said = json.loads(state.task(task)["outcome"])
+            assert re.search(r"far not resumed on host3: it could not receive the save image "
+                             r"\(.+\); far stays suspended on site site1", said["message"]), said
+            assert where_defined(fleet, "far") == []
+            assert state.save_of("far")["state"] == "saved"
+            assert (site_saves(lab, "site1") / "far" / "record.json").is_file()
+            assert not (site_saves(lab, "site1") / "far" / "sent.json").exists()
+        finally:
+            for source in ("host1", "host2"):
+                c.link(True, source=source, target="host3")
+        faults.wait(lambda: not sent_image(fleet, "host3", "far"), 120,
+                    "the image cut short stayed on host3")
+        faults.wait(lambda: any(e["message"] == swept for e in state.events(100, vm="far")),
+                    30, "not the sweep's doing")
+        # (the fleet's view of host3, which admission reads, may still be a cut-off worker's)
+        faults.wait(lambda: c.state.hosts().get("host3", {}).get("reachable"), 30,
+                    "the fleet never saw host3 again")
+        cli("vm", "resume", "far", "--host", "host3", check_code=0)
+        assert where_defined(fleet, "far") == ["host3"] and not sent_image(fleet, "host3", "far")
+        assert not (site_saves(lab, "site1") / "far").exists()
+        passes = wait_dirtier_passes(paths, "far", 0)
+        wait_dirtier_passes(paths, "far", passes + 1)
+        assert_memory_intact(paths, "far")
         cli("vm", "destroy", "far", check_code=0)
 
         # A destroy removes it on both sites, through their hosts.

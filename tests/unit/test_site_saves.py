@@ -11,7 +11,7 @@ import jinja2
 import pytest
 
 from tasks.app import CONTROL_QUEUE, queue_for
-from vmmgr import reclaim, requests, suspend
+from vmmgr import metrics, reclaim, requests, suspend
 from vmmgr.errors import Conflict
 from vmmgr.lab_services import Services
 from vmmgr.locks import Lease
@@ -173,14 +173,16 @@ def test_one_pass_over_a_sites_saves_at_a_time(node, mocker):
     from vmmgr import reconcile
     node.owner = "pass-2"
     synced = mocker.patch.object(reconcile.suspension, "sync_records", return_value=[])
-    mocker.patch.object(reconcile, "recover_cut_short", return_value=[])
+    mocker.patch.object(reconcile, "recover_cut_short", return_value=["b: finished"])
     mocker.patch.object(reconcile.reclaim, "resume_parked", return_value=["a"])
     with Lease(node.state, "fleet", "reconcile-saves:east", "pass-1", "pass over site east's"):
         assert reconcile.reconcile_saves(node, None)["skipped"].startswith("another pass")
         assert not synced.called
-    assert reconcile.reconcile_saves(node, None) == {"repaired": [], "recovered": [],
+    assert reconcile.reconcile_saves(node, None) == {"repaired": [], "recovered": ["b: finished"],
                                                      "resumed": ["a"]}
     assert node.state.holder("fleet", "reconcile-saves:east") is None
+    # what a site's pass did counts in the fleet's metrics, wherever it ran
+    assert metrics.read(node.state.r)[("reconcile_recoveries",)] == 1
 
 
 def test_a_worker_not_started_on_its_sites_queue_takes_it_up(redis_url, monkeypatch):
