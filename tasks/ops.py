@@ -6,6 +6,8 @@ before they act. Expected failures (`VmmgrError`) end the task in FAILURE with t
 message and exit code; Celery does not log them as crashes.
 """
 
+import logging
+
 from vmmgr import operations, reconcile as reconciliation, requests
 from vmmgr.errors import Conflict, VmmgrError
 from vmmgr.fleet import Fleet
@@ -101,8 +103,26 @@ def enable_host(self, host: str) -> dict:
 
 @operation("add_host")
 def add_host(self, record: dict) -> dict:
-    name = HostRecord.from_dict(record).name
-    return _run(self, LockSpec("host", name, f"add of {name}"), "add_host", record=record)
+    new = HostRecord.from_dict(record)
+    added = _run(self, LockSpec("host", new.name, f"add of {new.name}"), "add_host",
+                 record=record)
+    if new.site:
+        try:
+            _site_queue_to_its_worker(new.name, new.site)
+        except Exception:  # noqa: BLE001 - added all the same: the worker takes it at its start
+            logging.getLogger("vmmgr.worker").exception("%s: its worker not told to consume "
+                                                        "its site's queue", new.name)
+    return added
+
+
+def _site_queue_to_its_worker(host: str, site: str) -> None:
+    """The worker already running on a host just recorded in a site consumes the site's queue
+    now (a no-op where it does already): its role's `vmmgr_worker_site` may have been missed,
+    and it checks the inventory only when it starts."""
+    started = state().r.get(f"vmmgr:worker:{host}")  # "pid nodename", set at its start
+    if started:
+        app.control.add_consumer(site_queue(site), destination=[started.split(" ", 1)[1]],
+                                 reply=False)
 
 
 def _submitter(fleet: Fleet):

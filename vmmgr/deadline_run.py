@@ -44,7 +44,7 @@ def reclaim_by(fleet: Fleet, host: str, deadline_at: float, report,
     source = fleet.host(host)
     _wait_for_jobs(source, say, timeout=max(1.0, budget / 4))
     listed = source.guests()
-    sizes = [s for s in read_each(listed, _size) if s]
+    sizes = [s for s in read_each(listed, lambda g: _size(g, fleet.paths.storage)) if s]
     guests = [g for g in listed if g.name in {s.name for s in sizes}]
     groups = dict(read_each(guests, lambda g: (g.name, g.group())))
     dirty = _dirty_rates(guests)

@@ -161,6 +161,19 @@ class Fleet:
             raise Conflict(f"{what} writes on the storage of site {site or '-'}, which this node "
                            "does not see: it runs on a worker of that site")
 
+    def require_site_holds(self, vm: str, domain_xml: str, source: str, target: str) -> None:
+        """Refuse to move `vm` from `source` to a host of another site if it has a writable disk
+        on its site's storage: that site's storage lacks the disk, or holds another VM's of
+        the same name. (Its local disks and base image are sent along; these are not.)"""
+        sites = self.sites()
+        here, there = sites.get(source, ""), sites.get(target, "")
+        if here == there:
+            return
+        bound = local_disks.site_bound(domain_xml, self.paths.storage)
+        if bound:
+            raise Conflict(f"{vm} moves only inside its site ({here or '-'}), not to {target} "
+                           f"in site {there or '-'}: {bound[0]} is on its site's storage")
+
     def find_all(self, vm: str, strict: bool = False,
                  among: Iterable[str] | None = None) -> list[Guest]:
         """Every host's copy of the VM (or only those of the hosts named `among`): one, or two
@@ -376,6 +389,7 @@ class Fleet:
                            f"it, or destroy it")
         host = self.host(target)
         require_active(host)
+        self.require_site_holds(vm, guest.xml(inactive=True), guest.host_name, target)
         reason = refusal(host.capacity(), guest.memory_mib(), guest.vcpus())
         if reason:
             raise Conflict(f"host {target} has no room for {vm}: {reason}")

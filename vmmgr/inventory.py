@@ -75,12 +75,27 @@ class Inventory:
             raise InvalidRequest(f"accel must be 'kvm' or 'tcg', not {record.accel!r}")
         if record.state not in HOST_STATES:
             raise InvalidRequest(f"host state must be one of {', '.join(HOST_STATES)}")
+        if not replace:
+            self._require_sites_named_alike(record)
         data = json.dumps({k: v for k, v in asdict(record).items() if k != "state"})
         if replace:
             self.r.hset(self.RECORDS, record.name, data)
         elif not self.r.hsetnx(self.RECORDS, record.name, data):
             raise Conflict(f"host {record.name!r} already exists")
         self.r.hset(self.STATES, record.name, record.state)
+
+    def _require_sites_named_alike(self, record: HostRecord) -> None:
+        """A fleet names a site for every host or for none: a save or a reclaim goes to the
+        workers of its host's site, and "no site" is no site's workers in a fleet of named ones."""
+        others = [r for r in self.records() if r.name != record.name]
+        named = [r.name for r in others if r.site]
+        if others and bool(record.site) != bool(named):
+            raise InvalidRequest(
+                f"host {record.name}: the fleet's hosts name their sites ({', '.join(named[:3])}"
+                f"{', ...' if len(named) > 3 else ''}): give it one with --site"
+                if named else
+                f"host {record.name}: the fleet's hosts name no site: a fleet names a site for "
+                "every host or for none")
 
     def set_state(self, name: str, state: str) -> None:
         if state not in HOST_STATES:

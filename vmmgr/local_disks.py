@@ -46,6 +46,19 @@ def is_local(path: str) -> bool:
     return path.startswith(POOL_DIR + "/")
 
 
+def site_bound(domain_xml: str, storage: Path) -> list[str]:
+    """The writable disks of a definition on its site's storage (a disk on shared storage, a
+    guest's hibernation swap): a VM with any moves and resumes only inside its site, as another
+    site's storage lacks them (or holds another VM's of that name)."""
+    found = []
+    for disk in ET.fromstring(domain_xml).iterfind("./devices/disk"):
+        source = disk.find("source")
+        path = source.get("file") if source is not None else None
+        if path and disk.find("readonly") is None and Path(path).is_relative_to(storage):
+            found.append(path)
+    return found
+
+
 def local_disks(domain_xml: str) -> list[str]:
     """The target devices (vda...) of a definition's writable disks on host-local storage: the
     disks a live migration must copy."""

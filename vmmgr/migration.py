@@ -205,6 +205,7 @@ def migrate(
         if guest.state() != "running":
             raise Conflict(f"VM {vm!r} is {guest.state()}: only a running VM is live-migrated")
         require_live_migratable(guest)
+        fleet.require_site_holds(vm, guest.xml(), guest.host_name, target)
         memory_mib = guest.memory_mib()
         reason = refusal(dest.capacity(), memory_mib, guest.vcpus())
         if reason:

@@ -17,8 +17,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-from . import devices, metrics, operations, suspend
+from . import devices, local_disks, metrics, operations, suspend
 from .errors import VmmgrError
 from .fleet import Fleet
 from .guest import Guest, read_each
@@ -45,6 +46,7 @@ class VMSize:
     device_model: str = ""
     device_count: int = 0
     live: bool = True  # False: a device blocks live migration; the VM moves by hibernating
+    site_bound: bool = False  # a writable disk on its site's storage: it stays in that site
 
 
 def plan_evacuation(vms: list[VMSize], capacities: dict[str, Capacity], deadline: bool,
@@ -59,7 +61,10 @@ def plan_evacuation(vms: list[VMSize], capacities: dict[str, Capacity], deadline
     near = site_of.get(source, "") if source else None
     steps = []
     for vm in sorted(vms, key=lambda v: (-v.memory_mib, v.name)):
-        target, refused = choose_host(room, vm.memory_mib, vm.vcpus, vm.device_model,
+        allowed = room
+        if vm.site_bound and near is not None and any(site_of.values()):
+            allowed = {h: c for h, c in room.items() if site_of.get(h, "") == near}
+        target, refused = choose_host(allowed, vm.memory_mib, vm.vcpus, vm.device_model,
                                       vm.device_count, site_of, near)
         if target:
             room[target] = reserve(room[target], vm)
@@ -71,6 +76,8 @@ def plan_evacuation(vms: list[VMSize], capacities: dict[str, Capacity], deadline
                                   f"{target} has room and a free {vm.device_model}{where}"))
         else:
             why = "; ".join(f"{h}: {r}" for h, r in refused.items()) or "no other active host"
+            if allowed is not room:
+                why = f"its disk on site {near or '-'}'s storage keeps it there; {why}"
             steps.append(Step(vm.name, "suspend" if deadline else "wait", None, f"no room ({why})"))
     return steps
 
@@ -109,7 +116,8 @@ def evacuate(fleet: Fleet, host: str, deadline: bool, report, per_target: int = 
         # A job already running here (a migration or save an earlier, dead run started) ends
         # first: libvirt finishes it without its caller, and the plan must see where VMs ended up.
         _wait_for_jobs(source, on_event, timeout=wait_timeout)
-        vms = [v for v in read_each(source.guests(), _size) if v]
+        vms = [v for v in read_each(source.guests(), lambda g: _size(g, fleet.paths.storage))
+               if v]
         if not vms:
             break
         steps = plan_evacuation(vms, fleet.active_capacities(exclude=host), deadline,
@@ -142,10 +150,12 @@ def _host_events(report, host: str) -> Callable[[str], None]:
     return lambda message: report.event(message, host=host)
 
 
-def _size(g: Guest) -> VMSize | None:
+def _size(g: Guest, storage: Path) -> VMSize | None:
+    """What the plan needs to know of a VM (`storage`: its site's, for the disks it holds)."""
     if not g.is_persistent():  # an incoming migration's twin is not this host's to move
         return None
-    return VMSize(g.name, g.memory_mib(), g.vcpus(), *g.device_needs(), live=g.live_migratable()[0])
+    return VMSize(g.name, g.memory_mib(), g.vcpus(), *g.device_needs(), live=g.live_migratable()[0],
+                  site_bound=bool(local_disks.site_bound(g.xml(), storage)))
 
 
 def _wait_for_jobs(source: Host, on_event, timeout: float) -> None:
@@ -277,7 +287,7 @@ def _site_bound(fleet: Fleet, record) -> bool:
         xml = (suspend.save_dir(fleet, record.vm) / "domain.xml").read_text()
     except OSError:
         return False  # resumed meanwhile: its resume says so
-    return bool(suspend.site_bound(xml, fleet.paths.storage))
+    return bool(local_disks.site_bound(xml, fleet.paths.storage))
 
 
 def place_together(capacities: dict[str, Capacity], members: list,

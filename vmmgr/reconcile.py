@@ -45,7 +45,7 @@ def reconcile(fleet: Fleet, report, start=None, start_saves=None) -> dict:
     copied, recovered, resumed = saves["repaired"], saves["recovered"], saves["resumed"]
     postcopies = resume_postcopies(fleet, report, start)
     if start is None:
-        recovered += postcopies
+        recovered = recovered + postcopies  # (a new list: the saves' pass counted its own)
     rows = fleet.refresh_view()  # what libvirt and the storage say now (one pass over hosts)
     repaired = copied + repair_records(fleet, report, rows)
     repaired += repair_addresses(fleet, report, rows)

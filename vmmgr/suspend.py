@@ -187,10 +187,16 @@ def sync_records(fleet: Fleet, report=None) -> list[str]:
     changed = []
     for vm in sorted({d.name for d in root.iterdir() if d.is_dir()} | mine):
         try:
-            if folder_save(save_dir(fleet, vm)) == stored.get(vm):
+            found = folder_save(save_dir(fleet, vm))
+            unnamed = own and found is not None and fleet.save_site(found) == ""
+            if found == stored.get(vm) and not unnamed:
                 continue
             with fleet.lock_vm(vm, f"{HOUSEKEEPING}copy of {vm}'s save"):
                 before = fleet.state.save_of(vm)  # (an operation may have ended since)
+                if unnamed:
+                    if fleet.save_site(before) not in (None, ""):
+                        continue  # the store names its site: a same-named folder is not it
+                    _name_site(fleet, vm, own)
                 sync_record(fleet, vm)
                 if fleet.state.save_of(vm) == before:
                     continue
@@ -203,9 +209,23 @@ def sync_records(fleet: Fleet, report=None) -> list[str]:
             continue
         changed.append(vm)
         if report is not None:
-            report.event(f"{vm}: the store's copy of its save written again from storage",
+            report.event(f"{vm}: its save, made before saves named their site, is site {own}'s "
+                         "(it is on that site's storage)" if unnamed else
+                         f"{vm}: the store's copy of its save written again from storage",
                          vm=vm, kind="repair")
     return changed
+
+
+def _name_site(fleet: Fleet, vm: str, site: str) -> None:
+    """A save made before saves named their site, found on this site's storage (a fleet that
+    has named its sites since): it is this site's, and now says so, in its folder and in the
+    store, so that this site's nodes resume it (no other sees it)."""
+    d = save_dir(fleet, vm)
+    for name in (INTENT, RECORD, CLAIM):
+        data = _json_or_none(d / name)
+        if data is not None and not data.get("site"):
+            _write_json(d / name, data | {"site": site})
+    fleet.state.put_save(vm, folder_save(d))
 
 
 MODES = ("save", "guest")
@@ -439,7 +459,7 @@ def _resume_held(fleet: Fleet, vm: str, host: str | None, lease) -> Resumed:
     needs = (record.memory_mib, record.vcpus, record.device_model, record.device_count)
     sites = fleet.sites()
     home = record.site  # ("": a fleet's that named no site when it was saved)
-    bound = site_bound((d / "domain.xml").read_text(), fleet.paths.storage)
+    bound = local_disks.site_bound((d / "domain.xml").read_text(), fleet.paths.storage)
     if host is None:
         caps = fleet.active_capacities()  # back in the site it left, while that has room
         if bound:
@@ -470,9 +490,11 @@ def _resume_held(fleet: Fleet, vm: str, host: str | None, lease) -> Resumed:
             _write_json(d / SENT, {"host": host})
             try:
                 image = Path(local_disks.receive_image(target.conn, vm, d / "image"))
-            except VmmgrError as err:
-                raise VmmgrError(f"{vm} not resumed on {host}: it could not receive the save "
-                                 f"image ({err}); {vm} stays suspended on site {home}") from err
+            except VmmgrError as err:  # (of its kind: a host that does not answer exits 5)
+                said = type(err)(f"{vm} not resumed on {host}: it could not receive the save "
+                                 f"image ({err}); {vm} stays suspended on site {home or '-'}")
+                said.detail = err.detail
+                raise said from err
     except Exception:
         _drop_loaded_disk(d, target)
         # (what reached the target and could not be taken back then is the sweep's: `recover`
@@ -508,18 +530,6 @@ def _resume_held(fleet: Fleet, vm: str, host: str | None, lease) -> Resumed:
     _drop_images_sent(fleet, vm, d)  # restored: QEMU holds what it needed of it
     _resumed_on(fleet, target, d, segment)
     return Resumed(vm, host, restore_ms, round(time.time() - record.suspended_at, 1))
-
-
-def site_bound(domain_xml: str, storage: Path) -> list[str]:
-    """The writable disks of a definition on the site's storage (a shared disk, a guest's
-    hibernation swap): a VM with any resumes only in its site, whose storage holds them."""
-    found = []
-    for disk in ET.fromstring(domain_xml).iterfind("./devices/disk"):
-        source = disk.find("source")
-        path = source.get("file") if source is not None else None
-        if path and disk.find("readonly") is None and Path(path).is_relative_to(storage):
-            found.append(path)
-    return found
 
 
 def _drop_loaded_disk(d: Path, target) -> None:

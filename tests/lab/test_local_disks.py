@@ -15,6 +15,7 @@ it wrote is whole and its disk is on the one host that holds it, and nowhere els
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -75,6 +76,19 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
     hidden = None  # the pid of host3's libvirtd, whose view of the images is a tmpfs
     try:
         lab.up(3, sites=3)  # each host a site of its own: every move below crosses a WAN
+        # A disk on its site's storage (no --local-disk) never leaves that site: a move to
+        # another is refused before anything runs, and the VM runs on where it was.
+        cli("vm", "create", "shared1", "--image", "debian-12", "--host", "host1", check_code=0)
+        try:
+            refused = cli("migrate", "shared1", "--to", "host2")
+            assert (refused.returncode == 4 and re.search(
+                r"shared1 moves only inside its site \(site1\), not to host2 in site site2: "
+                r".*/disks/shared1.qcow2 is on its site's storage", refused.stderr)), refused
+            assert where(fleet, "shared1") == ["host1"]
+            assert fleet.locate("shared1").state() == "running"
+        finally:
+            cli("vm", "destroy", "shared1")
+        assert fleet.find("shared1") is None
         cli("vm", "create", "local1", "--image", "debian-12", "--memory", "512", "--host",
             "host1", "--ssh-key", f"{key}.pub", "--local-disk", check_code=0)
         guest = fleet.locate("local1")

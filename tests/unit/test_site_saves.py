@@ -11,7 +11,7 @@ import jinja2
 import pytest
 
 from tasks.app import CONTROL_QUEUE, queue_for
-from vmmgr import metrics, reclaim, requests, suspend
+from vmmgr import local_disks, metrics, reclaim, requests, suspend
 from vmmgr.errors import Conflict
 from vmmgr.lab_services import Services
 from vmmgr.locks import Lease
@@ -67,6 +67,33 @@ def test_a_node_never_forgets_another_sites_save_and_keeps_its_own_in_step(node)
     assert node.state.save_of("here")["record"]["vm"] == "here"
     suspend.sync_record(node, "far")  # after a step on it, by mistake, here: nothing
     assert node.state.save_of("far") == saved("west", vm="far")
+
+
+def test_a_save_from_before_saves_named_their_site_is_the_site_whose_storage_holds_it(node):
+    """Left stopped otherwise: no site's node would take it for its own."""
+    old = {k: v for k, v in RECORD.items() if k != "site"}
+    d = node.paths.saves / "old"
+    d.mkdir()
+    (d / "domain.xml").write_text(DOMAIN)
+    (d / "record.json").write_text(json.dumps(dict(old, vm="old")))
+    node.state.put_save("old", suspend.folder_save(d))  # as the old code copied it
+    assert node.save_site(node.state.save_of("old")) == "" and not node.sees_save("old")
+    assert suspend.sync_records(node) == ["old"]
+    assert json.loads((d / "record.json").read_text())["site"] == "east"
+    assert node.state.save_of("old") == suspend.folder_save(d)
+    assert node.sees_save("old") and suspend.sync_records(node) == []
+    # a folder of that name with no site, where the store names another site's save: not it
+    (d / "record.json").write_text(json.dumps(dict(old, vm="old")))
+    node.state.put_save("old", saved("west", vm="old"))
+    assert suspend.sync_records(node) == []
+    assert node.state.save_of("old") == saved("west", vm="old")
+    assert "site" not in json.loads((d / "record.json").read_text())
+    node.site_of = {}  # a fleet that names no site: its saves name none, and stay so
+    d2 = node.paths.saves / "plain"
+    d2.mkdir()
+    (d2 / "record.json").write_text(json.dumps(dict(old, vm="plain")))
+    assert suspend.sync_records(node) == ["plain"]
+    assert "site" not in json.loads((d2 / "record.json").read_text())
 
 
 def test_what_acts_on_another_sites_save_is_refused_here(node):
@@ -134,8 +161,38 @@ def test_a_vm_with_a_writable_disk_on_its_sites_storage_resumes_only_there(tmp_p
            "<disk><source file='/var/lib/libvirt/vmmgr-disks/a.qcow2'/></disk>"
            "<disk type='network'><source protocol='nbd'/></disk>"
            "</devices></domain>")
-    assert suspend.site_bound(xml, tmp_path) == [f"{tmp_path}/disks/a-swap.img"]
-    assert suspend.site_bound("<domain><devices/></domain>", tmp_path) == []
+    assert local_disks.site_bound(xml, tmp_path) == [f"{tmp_path}/disks/a-swap.img"]
+    assert local_disks.site_bound("<domain><devices/></domain>", tmp_path) == []
+
+
+def test_a_vm_with_a_disk_on_its_sites_storage_never_moves_to_another_site(node, mocker):
+    """Another site's storage lacks the disk, or holds another VM's of the same name: the move
+    is refused before anything runs, and a reclaim's plan keeps the VM in its site (saved there
+    when its site has no room)."""
+    from vmmgr.host import Capacity
+    from vmmgr.reclaim import VMSize, plan_evacuation
+    shared = (f"<domain><devices><disk><source file='{node.paths.storage}/disks/a.qcow2'/>"
+              "</disk></devices></domain>")
+    node.require_site_holds("a", shared, "h1", "h2")  # inside its site
+    node.require_site_holds("a", DOMAIN, "h1", "h3")  # nothing on the site's storage
+    with pytest.raises(Conflict, match=r"a moves only inside its site \(east\), not to h3 in "
+                       r"site west: .*/disks/a.qcow2 is on its site's storage"):
+        node.require_site_holds("a", shared, "h1", "h3")
+    room = {"h2": Capacity(1024, 4, 900, 0, ()), "h3": Capacity(4096, 8, 0, 0, ())}
+    vms = [VMSize("bound", 512, 1, site_bound=True), VMSize("free", 512, 1)]
+    steps = {s.vm: s for s in plan_evacuation(vms, room, True, SITES, "h1")}
+    assert (steps["free"].action, steps["free"].target) == ("migrate", "h3")
+    assert (steps["bound"].action, steps["bound"].target) == ("suspend", None)
+    assert steps["bound"].reason.startswith("no room (its disk on site east's storage keeps it "
+                                            "there; h2: needs 512 MiB")
+    room["h2"] = Capacity(1024, 4, 0, 0, ())
+    steps = {s.vm: s for s in plan_evacuation(vms, room, True, SITES, "h1")}
+    assert (steps["bound"].action, steps["bound"].target) == ("migrate", "h2")
+    # a fleet that names no site: every host is the one storage's
+    steps = {s.vm: s for s in plan_evacuation(vms, room, True, {}, "h1")}
+    assert steps["bound"].target == "h3"
+    [step] = plan_evacuation(vms[:1], {}, True, {}, "h1")
+    assert step.reason == "no room (no other active host)"
 
 
 def test_a_sites_pass_resumes_only_its_own_parked_vms(node, mocker):
@@ -205,3 +262,17 @@ def test_a_worker_not_started_on_its_sites_queue_takes_it_up(redis_url, monkeypa
     monkeypatch.setenv("VMMGR_HOST", "elsewhere")  # a worker the inventory does not name
     runtime._consume_own_sites_queue(consumer)
     assert added == ["site.west"]
+
+
+def test_a_worker_running_before_its_host_was_added_to_a_site_takes_up_its_queue(redis_url,
+                                                                                  mocker):
+    """The worker checks the inventory when it starts: one already running when `host add
+    --site` records its host is told to consume the site's queue then."""
+    from tasks import ops
+    mocker.patch.object(ops, "state", lambda: FleetState(redis_url))
+    told = mocker.patch.object(ops.app.control, "add_consumer")
+    ops._site_queue_to_its_worker("h3", "west")  # no worker started there yet: at its start
+    assert not told.called
+    FleetState(redis_url).r.set("vmmgr:worker:h3", "4242 h3@node")
+    ops._site_queue_to_its_worker("h3", "west")
+    told.assert_called_once_with("site.west", destination=["h3@node"], reply=False)

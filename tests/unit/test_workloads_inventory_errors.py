@@ -54,6 +54,23 @@ def test_inventory_round_trip_and_refusals(redis_url):
     assert [r.name for r in inv.records()] == ["host1"]
 
 
+def test_a_fleet_names_a_site_for_every_host_or_for_none(redis_url):
+    """A save or a reclaim goes to its host's site's workers: a host of no site in a fleet of
+    named ones (or the reverse) would have its requests refused by every worker."""
+    inv = Inventory(FleetState(redis_url).r)
+    inv.add(HostRecord("h1", "x", site="east"))  # the first names it for the fleet
+    inv.add(HostRecord("h2", "x", site="west"))
+    with pytest.raises(InvalidRequest, match="host h3: the fleet's hosts name their sites "
+                       r"\(h1, h2\): give it one with --site"):
+        inv.add(HostRecord("h3", "x"))
+    inv.remove({"h1", "h2"})
+    inv.add(HostRecord("h1", "x"))
+    with pytest.raises(InvalidRequest, match="host h2: the fleet's hosts name no site"):
+        inv.add(HostRecord("h2", "x", site="west"))
+    assert [(r.name, r.site) for r in inv.records()] == [("h1", "")]
+    inv.add(HostRecord("h2", "x", site="west"), replace=True)  # the lab's regrouping: its own
+
+
 def libvirt_error(code_name: str, domain_name: str = "VIR_FROM_QEMU"):
     err = libvirt.libvirtError("boom")
     err.err = (getattr(libvirt, code_name), getattr(libvirt, domain_name), "boom msg",

@@ -30,7 +30,8 @@ from .dispatch import run_operation, run_request
                    "host its own site when equal to --hosts).")
 @click.option("--local-disk", is_flag=True,
               help="training: the VMs' disks on their hosts' own storage: each move copies "
-                   "the disk (across the WAN between sites).")
+                   "the disk (across the WAN between sites; implied by --sites above 1, as a "
+                   "disk on a site's storage stays in that site).")
 @click.pass_context
 def demo(ctx: click.Context, which: str, hosts: int, keep_lab: bool, moves: int, steps: int,
          plot: Path, sites: int, local_disk: bool) -> None:
@@ -66,6 +67,7 @@ def _training(paths, hosts: int, keep_lab: bool, moves: int, steps: int, plot: P
     hosts = max(hosts, 3)
     if sites > hosts:
         raise click.UsageError(f"--sites {sites} needs at least as many hosts (--hosts {hosts})")
+    local_disk = local_disk or sites > 1  # a disk on a site's storage never leaves the site
     click.echo(f"== lab: {hosts} hosts" + (f" in {sites} sites" if sites > 1 else ""))
     records = lab.up(hosts, sites=sites, wan=Wan() if sites > 1 else None)
     click.echo(f"   accelerator: {records[0].accel}")
