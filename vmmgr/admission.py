@@ -57,6 +57,7 @@ def migration(fleet: Fleet, vm: str, target: str) -> str:
         raise Conflict(f"VM {vm!r} cannot be live-migrated: it {row.get('not_live_because')}. It "
                        "moves by guest hibernation: `vmmgr vm suspend --mode guest`, then "
                        "`vmmgr vm resume`")
+    fleet.require_disk_reaches(vm, row.get("site_disk", ""), row["host"], target)
     reason = refusal(seen.room(fleet, target), row["memory_mib"], row["vcpus"])
     if reason:
         raise Conflict(f"host {target} has no room for {vm}: {reason}")

@@ -45,6 +45,7 @@ class VMInfo:
     not_live_because: str = ""
     address: str = ""  # its stable address ("" without one)
     held: tuple[str, ...] = ()  # the addresses of the host's devices it holds
+    site_disk: str = ""  # a writable disk on its site's storage: it never leaves that site
 
 
 IMAGE_WAIT = 60.0  # s a create waits for an image's removal or rebuild to decide (and back)
@@ -166,13 +167,18 @@ class Fleet:
         on its site's storage: that site's storage lacks the disk, or holds another VM's of
         the same name. (Its local disks and base image are sent along; these are not.)"""
         sites = self.sites()
+        if sites.get(source, "") != sites.get(target, ""):
+            bound = local_disks.site_bound(domain_xml, self.paths.storage)
+            self.require_disk_reaches(vm, bound[0] if bound else "", source, target)
+
+    def require_disk_reaches(self, vm: str, site_disk: str, source: str, target: str) -> None:
+        """`require_site_holds` for a VM whose disk on its site's storage is `site_disk` (""
+        for none), as its row in the fleet view names it."""
+        sites = self.sites()
         here, there = sites.get(source, ""), sites.get(target, "")
-        if here == there:
-            return
-        bound = local_disks.site_bound(domain_xml, self.paths.storage)
-        if bound:
+        if site_disk and here != there:
             raise Conflict(f"{vm} moves only inside its site ({here or '-'}), not to {target} "
-                           f"in site {there or '-'}: {bound[0]} is on its site's storage")
+                           f"in site {there or '-'}: {site_disk} is on its site's storage")
 
     def find_all(self, vm: str, strict: bool = False,
                  among: Iterable[str] | None = None) -> list[Guest]:
@@ -239,15 +245,15 @@ class Fleet:
             infos += [i for i in read_each(guests, lambda g: self._info(host.name, g)) if i]
         return sorted(infos, key=lambda i: i.name)
 
-    @staticmethod
-    def _info(host_name: str, g: Guest) -> VMInfo | None:
+    def _info(self, host_name: str, g: Guest) -> VMInfo | None:
         if not g.is_persistent():  # the transient twin of an incoming migration is not a VM
             return None
         xml = g.xml()  # once: workload, devices and migratability all read it
         live, why = devices.live_migratable(xml)
+        bound = local_disks.site_bound(xml, self.paths.storage)
         return VMInfo(g.name, host_name, g.state(), g.memory_mib(), g.vcpus(), workload_of(xml),
                       *devices.wanted(xml), live, "" if live else why, address_of(xml) or "",
-                      tuple(devices.held(xml)))
+                      tuple(devices.held(xml)), bound[0] if bound else "")
 
     # ---- the fleet view (see view.py) -----------------------------------------------------
 

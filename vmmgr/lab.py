@@ -205,7 +205,9 @@ class Lab:
             records = [
                 HostRecord(h.name, self._uri(h), accel, HOST_MEMORY_MIB, HOST_VCPUS, lab=True,
                            devices=lab_devices(i), tls=self.tls,
-                           site=site_of[h.index - 1] if h.index <= hosts else "")
+                           # (a host beyond `hosts` still running: in the last site, as a
+                           # fleet names a site for every host or for none)
+                           site=site_of[min(h.index, hosts) - 1])
                 for i, h in enumerate(self.running_hosts())
             ]
             self._warn_of_known_defects(accel, records[0].uri)

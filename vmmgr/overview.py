@@ -4,6 +4,7 @@ read this, and this reads only the fleet's store (the view, `view.py`): no host 
 page costs the same with 3 hosts or 1,000.
 """
 
+import functools
 from bisect import bisect_right
 from operator import itemgetter
 
@@ -39,8 +40,8 @@ def vm_page(fleet: Fleet, rows: list[dict] | None = None, vms: list[dict] | None
     and the name to continue after, None on the last page. Room is worked out over the whole
     fleet; only the page's rows are completed, so a page costs little more than reading the view."""
     out = sorted(fleet.state.vm_views() if vms is None else vms, key=itemgetter("name"))
-    moves = MovesIndex(capacities(rows) if rows is not None else view.capacities(
-        fleet.inventory.records(), fleet.state.hosts(), out)).moves
+    moves = _mover(capacities(rows) if rows is not None else view.capacities(
+        fleet.inventory.records(), fleet.state.hosts(), out), fleet)
     start = bisect_right(out, after, key=itemgetter("name")) if after else 0
     end = len(out) if limit is None else min(len(out), start + limit)
     page = out[start:end]
@@ -49,14 +50,34 @@ def vm_page(fleet: Fleet, rows: list[dict] | None = None, vms: list[dict] | None
     return page, (page[-1]["name"] if page and end < len(out) else None)
 
 
+def _mover(hosts: dict, fleet: Fleet):
+    """How a row's VM would move (`MovesIndex.moves`): over every host, or only its own site's
+    for a VM whose disk is on its site's storage, in a fleet that names sites (it never leaves
+    that site: `Fleet.require_site_holds`). The sites are read, and one index per site made,
+    only when a row needs them."""
+    every, by_site = MovesIndex(hosts), {}
+    sites = functools.cache(fleet.sites)
+
+    def moves(v: dict) -> dict:
+        index = every
+        if v.get("site_disk") and any(sites().values()):
+            site = sites().get(v["host"], "")
+            if site not in by_site:
+                by_site[site] = MovesIndex({h: c for h, c in hosts.items()
+                                            if sites().get(h, "") == site})
+            index = by_site[site]
+        return index.moves(v["host"], v["memory_mib"], v["vcpus"], v.get("device_model", ""),
+                           v.get("device_count", 0), v.get("live", True),
+                           v.get("not_live_because", ""))
+    return moves
+
+
 def _row(v: dict, moves) -> dict:
-    """One view row with its address and how the VM would move (`MovesIndex.moves`)."""
+    """One view row with its address and how the VM would move (`_mover`)."""
     v["address"] = v.get("address") or "-"
     if v["host"] == "-":
         return _resume_row(v)
-    v["moves_by"] = moves(v["host"], v["memory_mib"], v["vcpus"], v.get("device_model", ""),
-                          v.get("device_count", 0), v.get("live", True),
-                          v.get("not_live_because", ""))
+    v["moves_by"] = moves(v)
     return v
 
 
@@ -77,7 +98,7 @@ def vm_row(fleet: Fleet, vm: str) -> dict:
     v = fleet.state.vm_view(vm)
     if v is None:
         raise NotFound(f"unknown VM {vm!r}")
-    return _row(v, MovesIndex(capacities(host_rows(fleet))).moves)
+    return _row(v, _mover(capacities(host_rows(fleet)), fleet))
 
 
 def targets(fleet: Fleet, vm: str) -> list[dict]:
@@ -86,6 +107,12 @@ def targets(fleet: Fleet, vm: str) -> list[dict]:
     if v is None or v["host"] == "-":
         raise NotFound(f"unknown VM {vm!r}" if v is None else f"VM {vm!r} is not running")
     choices = target_choices(v["host"], v["memory_mib"], v["vcpus"], capacities(host_rows(fleet)))
+    if v.get("site_disk"):  # it stays in its site (`Fleet.require_site_holds`)
+        sites = fleet.sites()
+        here = sites.get(v["host"], "")
+        away = {"ok": False, "reason": f"another site: {v['site_disk']} is on its site's storage"}
+        choices = [c if c["reason"] == "the VM runs here" or sites.get(c["host"], "") == here
+                   else c | away for c in choices]
     if not v.get("live", True):  # no host can take it live, whatever its room
         return [c | {"ok": False, "reason": c["reason"] if c["reason"] == "the VM runs here"
                      else f"the VM cannot be live-migrated: it {v.get('not_live_because')}"}

@@ -17,7 +17,7 @@ from .host import Capacity
 # Left out of a row where they hold these (most VMs): a listing parses 20,000 rows, and a reader
 # takes a missing one as its default.
 DEFAULTS = {"device_model": "", "device_count": 0, "live": True, "not_live_because": "",
-            "held": []}
+            "held": [], "site_disk": ""}
 
 
 def guest_row(info) -> dict:

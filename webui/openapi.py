@@ -41,7 +41,7 @@ SCHEMAS = {
     "VM": _obj({"name": STR, "host": STR, "state": STR, "memory_mib": INT, "vcpus": INT,
                 "workload": STR, "address": STR, "suspended_from": STR,
                 "device_model": STR, "device_count": INT, "live": BOOL, "not_live_because": STR,
-                "moves_by": {"$ref": "#/components/schemas/MovesBy"}},
+                "site_disk": STR, "moves_by": {"$ref": "#/components/schemas/MovesBy"}},
                ["name", "host", "state", "memory_mib", "vcpus", "address", "moves_by"]),
     "Migration": _obj({"status": STR, "source": STR, "target": STR, "downtime_ms":
                        _nullable(INT), "total_ms": _nullable(INT), "error": STR},

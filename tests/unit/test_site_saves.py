@@ -178,6 +178,16 @@ def test_a_vm_with_a_disk_on_its_sites_storage_never_moves_to_another_site(node,
     with pytest.raises(Conflict, match=r"a moves only inside its site \(east\), not to h3 in "
                        r"site west: .*/disks/a.qcow2 is on its site's storage"):
         node.require_site_holds("a", shared, "h1", "h3")
+    # the fleet view's row names that disk, so a request is refused before it is queued
+    from vmmgr import view
+    from vmmgr.fleet import VMInfo
+    row = view.guest_row(VMInfo("a", "h1", "running", 128, 1, "", site_disk="/s/disks/a.qcow2"))
+    assert row["site_disk"] == "/s/disks/a.qcow2"
+    assert "site_disk" not in view.guest_row(VMInfo("b", "h1", "running", 128, 1, ""))
+    with pytest.raises(Conflict, match="a moves only inside its site"):
+        node.require_disk_reaches("a", row["site_disk"], row["host"], "h3")
+    node.require_disk_reaches("a", row["site_disk"], row["host"], "h2")
+    node.require_disk_reaches("b", "", "h1", "h3")
     room = {"h2": Capacity(1024, 4, 900, 0, ()), "h3": Capacity(4096, 8, 0, 0, ())}
     vms = [VMSize("bound", 512, 1, site_bound=True), VMSize("free", 512, 1)]
     steps = {s.vm: s for s in plan_evacuation(vms, room, True, SITES, "h1")}

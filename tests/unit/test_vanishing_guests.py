@@ -2,6 +2,9 @@
 a cancelled migration, a destroyed VM). Readers skip it instead of failing the whole page or plan.
 These fake libvirt domains answer like the real ones do for a vanished domain."""
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import libvirt
 import pytest
 
@@ -77,5 +80,6 @@ def test_capacity_counts_what_is_still_there(mocker):
 def test_fleet_listing_skips_a_vanished_domain(mocker):
     host = host_with(mocker, domain(mocker, "a", 128), domain(mocker, "twin", 256, gone=True))
     fleet = Fleet.__new__(Fleet)
+    fleet.paths = SimpleNamespace(storage=Path("/srv/vmmgr/storage"))
     mocker.patch.object(Fleet, "hosts", return_value=[host])
     assert [(i.name, i.host, i.memory_mib) for i in fleet.vms()] == [("a", "h1", 128)]

@@ -227,3 +227,33 @@ def test_the_vm_list_comes_a_page_at_a_time_with_a_link_to_the_next(app, tokens,
 def test_bad_paging_is_refused(app, tokens, query, message):
     r = app.test_client().get(f"/api/v1/vms?{query}", headers=auth(tokens["viewer"]))
     assert r.status_code == 400 and message in r.get_json()["error"]["message"]
+
+
+def test_a_vm_whose_disk_is_on_its_sites_storage_lists_no_target_in_another_site(
+        app, tokens, redis_url):
+    """The migrate dialog's targets say what a move there would be refused for."""
+    from dataclasses import asdict
+
+    from vmmgr import view
+    from vmmgr.fleet import VMInfo
+    from vmmgr.host import Capacity
+    from vmmgr.inventory import HostRecord, Inventory
+
+    state = FleetState(redis_url)
+    inventory = Inventory(state.r)
+    for name, site in (("h1", "east"), ("h2", "east"), ("h3", "west")):
+        inventory.add(HostRecord(name, f"qemu+tls://{name}/system", site=site))
+        state.set_host(name, {"state": "active", "reachable": True,
+                              **asdict(Capacity(4096, 8, 0, 0, ()))})
+    disk = "/var/lib/vmmgr/storage/disks/vm1.qcow2"
+    state.replace_vm_views([view.guest_row(VMInfo("vm1", "h1", "running", 512, 1, "",
+                                                  site_disk=disk))])
+    r = app.test_client().get("/api/v1/vms/vm1/targets", headers=auth(tokens["viewer"]))
+    assert r.status_code == 200, r.get_json()
+    got = {c["host"]: (c["ok"], c["reason"]) for c in r.get_json()}
+    assert got["h2"] == (True, "")
+    assert got["h3"] == (False, f"another site: {disk} is on its site's storage")
+    assert got["h1"][0] is False
+    # and how it would move on a reclaim names only its site's hosts
+    r = app.test_client().get("/api/v1/vms/vm1", headers=auth(tokens["viewer"]))
+    assert r.get_json()["moves_by"] == {"mode": "live migration", "reason": "fits on h2"}
