@@ -188,11 +188,17 @@ def test_moves_stay_in_their_site_and_cross_the_wan_only_when_it_is_full(lab, ma
             assert (site_saves(lab, "site2") / "far" / "record.json").is_file()
             assert not sent_image(fleet, "host1", "far")
             cli("vm", "resume", "far", "--host", "host1", check_code=0)
-        assert where_defined(fleet, "far") == ["host1"] and not sent_image(fleet, "host1", "far")
-        assert not (site_saves(lab, "site2") / "far").exists()
-        passes = wait_dirtier_passes(paths, "far", 0)
-        wait_dirtier_passes(paths, "far", passes + 1)
-        assert_memory_intact(paths, "far")
+
+        def runs_whole_on(host: str, saved_on: str) -> None:
+            """`far` runs on `host` alone, nothing of its save left there or on its site's
+            storage, its memory intact."""
+            assert where_defined(fleet, "far") == [host] and not sent_image(fleet, host, "far")
+            assert not (site_saves(lab, saved_on) / "far").exists()
+            passes = wait_dirtier_passes(paths, "far", 0)
+            wait_dirtier_passes(paths, "far", passes + 1)
+            assert_memory_intact(paths, "far")
+
+        runs_whole_on("host1", "site2")
 
         # The WAN cut while the image is on its way (suspended on site1, resumed on host3):
         # the resume fails and says so, the VM stays suspended on site1 with its save whole,
@@ -226,11 +232,7 @@ def test_moves_stay_in_their_site_and_cross_the_wan_only_when_it_is_full(lab, ma
         faults.wait(lambda: c.state.hosts().get("host3", {}).get("reachable"), 30,
                     "the fleet never saw host3 again")
         cli("vm", "resume", "far", "--host", "host3", check_code=0)
-        assert where_defined(fleet, "far") == ["host3"] and not sent_image(fleet, "host3", "far")
-        assert not (site_saves(lab, "site1") / "far").exists()
-        passes = wait_dirtier_passes(paths, "far", 0)
-        wait_dirtier_passes(paths, "far", passes + 1)
-        assert_memory_intact(paths, "far")
+        runs_whole_on("host3", "site1")
         cli("vm", "destroy", "far", check_code=0)
 
         # A destroy removes it on both sites, through their hosts.
