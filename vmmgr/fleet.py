@@ -166,10 +166,8 @@ class Fleet:
         """Refuse to move `vm` from `source` to a host of another site if it has a writable disk
         on its site's storage: that site's storage lacks the disk, or holds another VM's of
         the same name. (Its local disks and base image are sent along; these are not.)"""
-        sites = self.sites()
-        if sites.get(source, "") != sites.get(target, ""):
-            bound = local_disks.site_bound(domain_xml, self.paths.storage)
-            self.require_disk_reaches(vm, bound[0] if bound else "", source, target)
+        bound = local_disks.site_bound(domain_xml, self.paths.storage)
+        self.require_disk_reaches(vm, bound[0] if bound else "", source, target)
 
     def require_disk_reaches(self, vm: str, site_disk: str, source: str, target: str) -> None:
         """`require_site_holds` for a VM whose disk on its site's storage is `site_disk` (""
