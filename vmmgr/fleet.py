@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterable
@@ -404,7 +405,8 @@ class Fleet:
             if local:  # its disk on its host's own storage goes with it, checked on arrival
                 _, base = local_disks.overlay_of(guest.connection(), vm)
                 site_images.ensure(self, target, base, [guest.host_name])  # a site without it
-                local_disks.copy(guest.connection(), host.conn, vm)
+                local_disks.copy(guest.connection(), host.conn, vm,
+                                 seed=local_disks.has_pool_seed(definition))
             moved = host.define(set_console_path(definition, segment))
         except HostUnreachable:
             raise  # it may be defined there, its answer lost: the segment is its console
@@ -472,7 +474,8 @@ class Fleet:
         its disk differs (one of the two was started meanwhile; neither is thrown away)."""
         vm = kept.name
         if local_disks.find(kept.connection(), vm) is None:
-            local_disks.copy(left.connection(), kept.connection(), vm)
+            local_disks.copy(left.connection(), kept.connection(), vm,
+                             seed=local_disks.has_pool_seed(left.xml(inactive=True)))
         elif (local_disks.checksum(left.connection(), vm)
               != local_disks.checksum(kept.connection(), vm)):
             raise Conflict(f"{vm} is defined on {left.host_name} and {kept.host_name} with "
@@ -500,13 +503,24 @@ class Fleet:
 
     def has_leftovers(self, vm: str, address: str | None) -> bool:
         """Whether anything of a VM with no definition and no save is left for `destroy` to
-        remove: its files, or its `address` alone (a destroy cut short after the undefine)."""
-        return bool(address) or bool(self.leftovers(vm))
+        remove: its files, its `address` alone (a destroy cut short after the undefine), or
+        a local disk a create cut short laid in a host's pool (asked of each host that
+        answers: such a create leaves nothing on storage)."""
+        return bool(address) or bool(self.leftovers(vm)) or self._local_disk_anywhere(vm)
+
+    def _local_disk_anywhere(self, vm: str) -> bool:
+        for host in self.hosts():
+            try:
+                if host.record.state != "reclaimed" and vm in local_disks.held(host.conn):
+                    return True
+            except VmmgrError:
+                continue  # one that does not answer: a later destroy finds it there
+        return False
 
     def _make_system_disk(self, spec: VMSpec, host: Host) -> VMSpec:
         """A qcow2 overlay on the OS image (which is never written) and the cloud-init seed,
-        both on shared storage so that any host can run the VM; a local disk's overlay on the
-        host's own storage (`local_disks`)."""
+        both on shared storage so that any host can run the VM; a local disk's overlay and
+        seed on the host's own storage (`local_disks`)."""
         base = os_images.disk_path(self.paths.images, spec.image)
         disk, seed_file = self.system_disk_path(spec.name), self.seed_path(spec.name)
         disk.parent.mkdir(parents=True, exist_ok=True)
@@ -521,12 +535,18 @@ class Fleet:
                 raise VmmgrError(f"disk of {spec.name}: {proc.stderr.strip()}")
             disk.chmod(0o600)
         mac = mac_for(spec.address) if spec.address else ""
-        seed.write(seed_file, {
+        files = {
             "meta-data": seed.meta_data(spec.uuid, spec.name),
             "user-data": seed.user_data(spec.ssh_keys, spec.user_data,
                                         hibernation_swap=bool(spec.gpu_count)),
             "network-config": seed.network_config(mac, spec.address, spec.gateway),
-        })
+        }
+        if spec.local_disk:  # beside its overlay, moving with it (made here, sent there)
+            with tempfile.TemporaryDirectory(prefix="vmmgr-seed-") as made:
+                seed_file = Path(local_disks.lay_seed(
+                    host.conn, spec.name, seed.write(Path(made) / "seed.iso", files)))
+        else:
+            seed.write(seed_file, files)
         return replace(spec, disk=str(disk), seed=str(seed_file))
 
     def _make_swap_disk(self, spec: VMSpec) -> Path:

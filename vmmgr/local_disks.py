@@ -10,6 +10,10 @@ this process's file system: the worker acting on a VM need not be on the host th
 A live migration moves such a disk with the memory (libvirt's non-shared-storage migration,
 incremental: only the overlay travels, the base is on both hosts); a stopped VM's disk is
 copied host to host; a suspended VM's is kept beside its save on the site's storage.
+
+Its cloud-init seed (read-only, read at every boot) is a volume of the same pool, and goes
+wherever the overlay goes: a host of another site has no storage in common with this one's.
+A seed is never without its overlay on a host: laid or copied after it, removed before it.
 """
 
 import contextlib
@@ -35,6 +39,19 @@ Progress = Callable[[int, int], None]  # (bytes done, bytes in all)
 
 def volume_name(vm: str) -> str:
     return f"{vm}.qcow2"
+
+
+def seed_volume_name(vm: str) -> str:
+    return f"{vm}-seed.iso"
+
+
+def has_pool_seed(domain_xml: str) -> bool:
+    """Whether a definition's seed is a volume of its host's pool, to go wherever its disk
+    goes (a VM made before seeds were kept there has its seed on its site's storage)."""
+    root = ET.fromstring(domain_xml)
+    seed = f"{POOL_DIR}/{seed_volume_name(root.findtext('name') or '')}"
+    return any(source.get("file") == seed
+               for source in root.iterfind("./devices/disk/source"))
 
 
 def disk_path(vm: str) -> str:
@@ -127,15 +144,16 @@ def ensure_dir_pool(conn: libvirt.virConnect, name: str, xml: str,
         return pool
 
 
-def find(conn: libvirt.virConnect, vm: str) -> libvirt.virStorageVol | None:
-    pool = ensure_pool(conn)
-    vol = _lookup(pool, vm)
+def find(conn: libvirt.virConnect, vm: str, name: str = "") -> libvirt.virStorageVol | None:
+    """The VM's overlay on this host (`name`: another of its volumes, its seed)."""
+    pool, name = ensure_pool(conn), name or volume_name(vm)
+    vol = _lookup(pool, name)
     if vol is None:  # a volume a migration made is not in libvirt's list until a refresh
         refresh(pool)
-        vol = _lookup(pool, vm)
+        vol = _lookup(pool, name)
     elif not _exists(vol):  # nor is one it removed gone from it
         refresh(pool)
-        vol = _lookup(pool, vm)
+        vol = _lookup(pool, name)
     return vol
 
 
@@ -156,10 +174,10 @@ def held(conn: libvirt.virConnect, suffix: str = "") -> set[str]:
     return {n[:-len(suffix)] for n in names if n.endswith(suffix) and len(n) > len(suffix)}
 
 
-def _lookup(pool: libvirt.virStoragePool, vm: str) -> libvirt.virStorageVol | None:
+def _lookup(pool: libvirt.virStoragePool, name: str) -> libvirt.virStorageVol | None:
     with translated("a local disk"):
         try:
-            return pool.storageVolLookupByName(volume_name(vm))
+            return pool.storageVolLookupByName(name)
         except libvirt.libvirtError as err:
             if err.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
                 return None
@@ -206,9 +224,14 @@ def overlay_of(conn: libvirt.virConnect, vm: str) -> tuple[int, str]:
 
 
 def remove(conn: libvirt.virConnect, vm: str) -> bool:
-    """Delete the VM's overlay on this host, if there is one; whether there was. Refused while
-    the host defines the VM (running, stopped, or arriving): libvirt would delete a disk in
-    use, and the one a VM runs on is never removed."""
+    """Delete the VM's overlay on this host, and its seed first, if there is one; whether
+    there was. Refused while the host defines the VM (running, stopped, or arriving): libvirt
+    would delete a disk in use, and the one a VM runs on is never removed."""
+    _delete(conn, vm, seed_volume_name(vm))
+    return _delete(conn, vm, volume_name(vm))
+
+
+def _delete(conn: libvirt.virConnect, vm: str, name: str) -> bool:
     with translated(f"look up {vm}"):
         try:
             conn.lookupByName(vm)
@@ -216,7 +239,7 @@ def remove(conn: libvirt.virConnect, vm: str) -> bool:
         except libvirt.libvirtError as err:
             if err.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
                 raise
-    vol = find(conn, vm)
+    vol = find(conn, vm, name)
     if vol is None:
         return False
     with translated(f"{vm}'s local disk"):
@@ -247,17 +270,25 @@ def chunks_of(conn: libvirt.virConnect, vol: libvirt.virStorageVol, offset: int 
 
 
 def _receive(conn: libvirt.virConnect, vm: str, size: int, chunks: Iterator[bytes],
-             progress: Progress | None) -> str:
-    """Write `chunks` (`size` bytes) into a new volume for the VM's disk on this host; returns
-    their SHA-256. Anything short or failed leaves no volume behind."""
-    remove(conn, vm)
-    with translated(f"{vm}'s local disk"):
-        vol = ensure_pool(conn).createXML(copy_xml(vm, size), 0)
-    try:
-        return upload(conn, vol, size, chunks, progress, f"{vm}'s disk")
-    except BaseException:
+             progress: Progress | None, name: str = "") -> str:
+    """Write `chunks` (`size` bytes) into a new volume for the VM's disk (`name`: its seed) on
+    this host; returns their SHA-256. Anything short or failed leaves no volume behind. A new
+    disk replaces the VM's volumes there (a run cut short left them)."""
+    if name:
+        _delete(conn, vm, name)
+    else:
         remove(conn, vm)
+    with translated(f"{vm}'s local disk"):
+        vol = ensure_pool(conn).createXML(copy_xml(vm, size, name), 0)
+    try:
+        return upload(conn, vol, size, chunks, progress, f"{vm}'s {_what(name)}")
+    except BaseException:
+        _delete(conn, vm, name or volume_name(vm))
         raise
+
+
+def _what(name: str) -> str:
+    return "seed" if name.endswith(seed_volume_name("")) else "disk"
 
 
 def upload(conn: libvirt.virConnect, vol: libvirt.virStorageVol, size: int,
@@ -288,29 +319,62 @@ def upload(conn: libvirt.virConnect, vol: libvirt.virStorageVol, size: int,
 
 
 def copy(source: libvirt.virConnect, target: libvirt.virConnect, vm: str,
-         progress: Progress | None = None) -> str:
-    """Copy the VM's disk from one host's pool to another's, byte for byte (each host's
-    libvirtd over its own connection); returns the SHA-256 of what was sent, checked against
-    what the target then holds."""
-    vol = find(source, vm)
-    if vol is None:
-        raise VmmgrError(f"{vm} has no local disk to copy")
-    size = size_of(vol)
-    with contextlib.closing(chunks_of(source, vol)) as chunks:  # a failed write ends the read
-        sent = _receive(target, vm, size, chunks, progress)
-    held = checksum(target, vm)
-    if held != sent:
-        remove(target, vm)
-        raise VmmgrError(f"{vm}'s disk arrived damaged (sha256 {held[:12]}, sent {sent[:12]})")
+         progress: Progress | None = None, *, seed: bool) -> str:
+    """Copy the VM's disk, then (`seed`: its definition names one in the pool) its seed, from
+    one host's pool to another's, byte for byte (each host's libvirtd over its own
+    connection); returns the SHA-256 of the disk sent, checked against what the target then
+    holds. Nothing is left there if either fails."""
+    sent = _copy(source, target, vm, volume_name(vm), progress)
+    if seed:
+        try:
+            copy_seed(source, target, vm)
+        except BaseException:
+            with contextlib.suppress(VmmgrError):  # (the first error is the one to tell)
+                remove(target, vm)
+            raise
     return sent
 
 
-def save_to(conn: libvirt.virConnect, vm: str, file: Path,
-            progress: Progress | None = None) -> str:
-    """Write the VM's disk on this host into `file` (on the site's storage); its SHA-256."""
-    vol = find(conn, vm)
+def copy_seed(source: libvirt.virConnect, target: libvirt.virConnect, vm: str) -> None:
+    """Copy the VM's seed to the host it moves to, checked on arrival; refused if the source
+    has none (the target's QEMU could not start)."""
+    _copy(source, target, vm, seed_volume_name(vm))
+
+
+def _copy(source: libvirt.virConnect, target: libvirt.virConnect, vm: str, name: str,
+          progress: Progress | None = None) -> str:
+    vol = find(source, vm, name)
     if vol is None:
-        raise VmmgrError(f"{vm} has no local disk on this host")
+        raise VmmgrError(f"{vm} has no local {_what(name)} to copy")
+    size = size_of(vol)
+    receiving = "" if name == volume_name(vm) else name
+    with contextlib.closing(chunks_of(source, vol)) as chunks:  # a failed write ends the read
+        sent = _receive(target, vm, size, chunks, progress, receiving)
+    held = checksum(target, vm, name)
+    if held != sent:
+        _delete(target, vm, name)
+        raise VmmgrError(f"{vm}'s {_what(name)} arrived damaged (sha256 {held[:12]}, "
+                         f"sent {sent[:12]})")
+    return sent
+
+
+def lay_seed(conn: libvirt.virConnect, vm: str, file: Path) -> str:
+    """Put the seed made at `file` (on this node) in the host's pool, after the VM's overlay;
+    returns its path there."""
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        _receive(conn, vm, size, iter(lambda: f.read(CHUNK), b""), None, seed_volume_name(vm))
+    with translated(f"{vm}'s seed"):
+        return find(conn, vm, seed_volume_name(vm)).path()
+
+
+def save_to(conn: libvirt.virConnect, vm: str, file: Path,
+            progress: Progress | None = None, name: str = "") -> str:
+    """Write the VM's disk (`name`: another of its volumes) on this host into `file` (on the
+    site's storage); its SHA-256."""
+    vol = find(conn, vm, name)
+    if vol is None:
+        raise VmmgrError(f"{vm} has no local {_what(name)} on this host")
     size, digest, done = size_of(vol), hashlib.sha256(), 0
     partial = file.with_name(file.name + ".partial")
     try:
@@ -334,9 +398,10 @@ def save_to(conn: libvirt.virConnect, vm: str, file: Path,
 
 
 def load_from(conn: libvirt.virConnect, vm: str, file: Path, expected_sha256: str,
-              progress: Progress | None = None) -> None:
-    """Put the VM's disk kept in `file` into this host's pool; refused (nothing left) unless
-    what arrived has the SHA-256 recorded when it was kept."""
+              progress: Progress | None = None, name: str = "") -> None:
+    """Put the VM's disk (`name`: another of its volumes) kept in `file` into this host's
+    pool; refused (that volume not left) unless what arrived has the SHA-256 recorded when it
+    was kept."""
     size = file.stat().st_size
 
     def chunks() -> Iterator[bytes]:
@@ -344,10 +409,11 @@ def load_from(conn: libvirt.virConnect, vm: str, file: Path, expected_sha256: st
             while data := f.read(CHUNK):
                 yield data
 
-    sent = _receive(conn, vm, size, chunks(), progress)
-    if sent != expected_sha256 or checksum(conn, vm) != expected_sha256:
-        remove(conn, vm)
-        raise VmmgrError(f"{vm}'s kept disk {file} does not match its checksum: not used")
+    sent = _receive(conn, vm, size, chunks(), progress, name)
+    if sent != expected_sha256 or checksum(conn, vm, name) != expected_sha256:
+        _delete(conn, vm, name or volume_name(vm))
+        raise VmmgrError(f"{vm}'s kept {_what(name)} {file} does not match its checksum: "
+                         "not used")
 
 
 def image_volume_name(vm: str) -> str:
@@ -408,10 +474,10 @@ def remove_image(conn: libvirt.virConnect, vm: str) -> bool:
     return True
 
 
-def checksum(conn: libvirt.virConnect, vm: str) -> str:
-    vol = find(conn, vm)
+def checksum(conn: libvirt.virConnect, vm: str, name: str = "") -> str:
+    vol = find(conn, vm, name)
     if vol is None:
-        raise VmmgrError(f"{vm} has no local disk on this host")
+        raise VmmgrError(f"{vm} has no local {_what(name)} on this host")
     digest = hashlib.sha256()
     for data in chunks_of(conn, vol):
         digest.update(data)

@@ -8,6 +8,7 @@ each poll's `JobProgress` to the caller. The destination's serial console goes t
 segment (see `console`).
 """
 
+import contextlib
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -526,7 +527,23 @@ class _Migration:
             self.base_ms = int((time.monotonic() - t0) * 1000)
             self._cancelled_yet("once its base image was sent")
         self._lay(capacity, base)
+        self._send_seed()
         self._event(f"local disk laid on {self.target} (over {base})")
+
+    def _send_seed(self) -> None:
+        """The seed, read-only, is not mirrored by libvirt: the target's QEMU opens its own
+        copy. Sent after the overlay; on failure the overlay is taken away again."""
+        vm = self.guest.name
+        if not local_disks.has_pool_seed(self.guest.xml(inactive=True)):
+            return  # on its site's storage (a VM made before seeds were kept in the pool)
+        try:
+            local_disks.copy_seed(self.fleet.host(self.source).conn, self.dest.conn, vm)
+        except VmmgrError as err:
+            with contextlib.suppress(VmmgrError):
+                local_disks.remove(self.dest.conn, vm)
+            raise MigrationFailed(
+                f"{self._not_started()}: {self.target} could not receive its seed "
+                f"({_words(err)}); the VM is still running on {self.source}") from err
 
     def _lay(self, capacity: int, base: str) -> None:
         try:

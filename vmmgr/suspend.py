@@ -21,6 +21,7 @@ the reconcile's `sync_records`): listings, the web console and the reclaim read 
 on any node, while the folder decides what a resume may take.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -231,6 +232,7 @@ def _name_site(fleet: Fleet, vm: str, site: str) -> None:
 MODES = ("save", "guest")
 INTENT, RECORD, CLAIM = "intent.json", "record.json", "claim.json"
 DISK, DISK_SUM = "disk.qcow2", "disk.json"  # a local disk kept while the VM is suspended
+SEED = "seed.iso"  # and its seed (`local_disks`), whose SHA-256 is in DISK_SUM too
 SENT = "sent.json"  # the host of another site a resume sends the image to
 # libvirt writes this magic at the head of a save image only once the image is complete
 # ("LibvirtQemudPart" while it is being written): src/qemu/qemu_saveimage.h
@@ -351,7 +353,7 @@ def _begin(guest, parked: bool, mode: str, inactive_xml: str, d: Path, site: str
     finish or undo the suspend if this process does not live to."""
     model, count = guest.device_needs() if mode == "guest" else ("", 0)
     d.mkdir(parents=True, exist_ok=True)
-    for stale in (DISK, DISK_SUM):  # a directory an earlier run left half removed
+    for stale in (DISK, SEED, DISK_SUM):  # a directory an earlier run left half removed
         (d / stale).unlink(missing_ok=True)
     (d / "domain.xml").write_text(inactive_xml)
     _write_json(d / INTENT, {"vm": guest.name, "from_host": guest.host_name,
@@ -392,8 +394,11 @@ def _keep_local_disk(d: Path, guest) -> bool:
     if guest is None:
         raise VmmgrError(f"{d.name}'s local disk is not on storage and its host no longer "
                          "defines it")
-    digest = local_disks.save_to(guest.connection(), d.name, d / DISK)
-    _write_json(d / DISK_SUM, {"sha256": digest})
+    sums = {"sha256": local_disks.save_to(guest.connection(), d.name, d / DISK)}
+    if local_disks.has_pool_seed((d / "domain.xml").read_text()):  # refused if it is not there
+        sums["seed_sha256"] = local_disks.save_to(guest.connection(), d.name, d / SEED,
+                                                  name=local_disks.seed_volume_name(d.name))
+    _write_json(d / DISK_SUM, sums)  # last: what makes the kept disk whole
     return True
 
 
@@ -412,8 +417,16 @@ def load_local_disk(fleet: Fleet, d: Path, target, from_host: str) -> bool:
             raise VmmgrError(f"{d.name} not resumed on {target.name}: its storage lacks the "
                              f"base image {base} and could not receive it ({err}); "
                              f"{d.name} stays suspended") from err
-    expected = json.loads((d / DISK_SUM).read_text())["sha256"]
-    local_disks.load_from(target.conn, d.name, d / DISK, expected)
+    sums = json.loads((d / DISK_SUM).read_text())
+    local_disks.load_from(target.conn, d.name, d / DISK, sums["sha256"])
+    if "seed_sha256" in sums:
+        try:
+            local_disks.load_from(target.conn, d.name, d / SEED, sums["seed_sha256"],
+                                  name=local_disks.seed_volume_name(d.name))
+        except BaseException:
+            with contextlib.suppress(VmmgrError):  # (the first error is the one to tell)
+                local_disks.remove(target.conn, d.name)  # no overlay left without its seed
+            raise
     return True
 
 

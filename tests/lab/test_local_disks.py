@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import time
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -35,6 +36,16 @@ HOSTS = ("host1", "host2", "host3")
 def holders(fleet, vm) -> list[str]:
     """The hosts whose own storage holds a disk of the VM (asked of each host's libvirt)."""
     return [h for h in HOSTS if local_disks.find(fleet.host(h).conn, vm) is not None]
+
+
+def placed(fleet, vm) -> list[str]:
+    """`holders`, once asserted that each of them holds the VM's seed too, and no other host:
+    the seed goes wherever the disk goes (hosts of different sites share no storage)."""
+    disks = holders(fleet, vm)
+    seeds = [h for h in HOSTS if local_disks.find(fleet.host(h).conn, vm,
+                                                  local_disks.seed_volume_name(vm)) is not None]
+    assert seeds == disks, f"{vm}: disk on {disks}, seed on {seeds}"
+    return disks
 
 
 def where(fleet, vm) -> list[str]:
@@ -93,8 +104,14 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
             "host1", "--ssh-key", f"{key}.pub", "--local-disk", check_code=0)
         guest = fleet.locate("local1")
         [vda] = [d for d in local_disks.local_disks(guest.xml()) if d == "vda"]
-        assert vda and holders(fleet, "local1") == ["host1"]
-        assert not fleet.system_disk_path("local1").exists()  # nothing of it on shared storage
+        assert vda and placed(fleet, "local1") == ["host1"]
+        # nothing of it on shared storage: its seed is in the host's pool, as its disk is
+        assert not fleet.system_disk_path("local1").exists()
+        assert not fleet.seed_path("local1").exists()
+        [seed_file] = [d.find("source").get("file")
+                       for d in ET.fromstring(guest.xml()).iterfind("./devices/disk")
+                       if d.find("target").get("dev") == "vdb"]
+        assert local_disks.is_local(seed_file), seed_file
         _wait_console(paths, "local1", "finished at")
         address = pool_for(paths).address_of("local1")
 
@@ -111,7 +128,7 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         # Live: the disk first (a phase of its own in the progress), then the memory.
         moved = cli("migrate", "local1", "--to", "host2", "--bandwidth", "40", check_code=0)
         assert "(memory next)" in moved.stdout + moved.stderr
-        assert where(fleet, "local1") == ["host2"] and holders(fleet, "local1") == ["host2"]
+        assert where(fleet, "local1") == ["host2"] and placed(fleet, "local1") == ["host2"]
         assert data_sum() == written
         events = c.state.migrations("local1")[-1]["events"]
         assert any("local disk laid on host2" in e for e in events), events
@@ -126,7 +143,7 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         assert c.state.vm("local1").get("state") == "migrating"
         cli("migrate", "cancel", "local1", check_code=0)
         faults.wait(lambda: c.task_state(task) == "FAILURE", 60, "the migration never ended")
-        assert where(fleet, "local1") == ["host2"] and holders(fleet, "local1") == ["host2"]
+        assert where(fleet, "local1") == ["host2"] and placed(fleet, "local1") == ["host2"]
         # nor the console segment made for host3's QEMU (on host3's site)
         assert [s.host for s in consoles(paths).segments("local1")] == ["host1", "host2"]
         on_host3 = site_consoles.ensure_pool(fleet.host("host3").conn, paths.consoles)
@@ -152,7 +169,7 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
                 in refused.stderr and "No space left on device" in refused.stderr
                 and "the VM is still running on host2" in refused.stderr), refused.stderr
         assert left == "", left
-        assert where(fleet, "local1") == ["host2"] and holders(fleet, "local1") == ["host2"]
+        assert where(fleet, "local1") == ["host2"] and placed(fleet, "local1") == ["host2"]
         assert fleet.locate("local1").state() == "running"
 
         # With room: the move sends the image first (checksummed, progress in a phase of its
@@ -181,7 +198,7 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         faults.wait(lambda: c.task_state(task) == "FAILURE", 60, "the move went on")
         said = json.loads(c.state.task(task)["outcome"])
         assert "cancelled while host3 received its base image" in said["message"], said
-        assert on_host3() == "" and holders(fleet, "local1") == ["host2"]
+        assert on_host3() == "" and placed(fleet, "local1") == ["host2"]
         assert where(fleet, "local1") == ["host2"]
         # this move and the refused one took back the console segments they had numbered
         assert [s.host for s in consoles(paths).segments("local1")] == ["host1", "host2"]
@@ -206,7 +223,7 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         faults.wait(lambda: any(  # (said once the sweep has ended)
             e["message"] == "a copy of image debian-12 cut short removed from host3"
             for e in c.state.events(count=500)), 30, "not the sweep's doing")
-        assert where(fleet, "local1") == ["host2"] and holders(fleet, "local1") == ["host2"]
+        assert where(fleet, "local1") == ["host2"] and placed(fleet, "local1") == ["host2"]
 
         # The fleet's view of host3 (the last reconcile's, which admission reads) can still say
         # unreachable just after the sweep (once in two runs over the 40 ms WAN, refused as
@@ -222,10 +239,10 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
                    for e in events), events
         print("sent:", [e for e in events if "sent to" in e])
         assert copied_sum() == debian.sha256
-        assert where(fleet, "local1") == ["host3"] and holders(fleet, "local1") == ["host3"]
+        assert where(fleet, "local1") == ["host3"] and placed(fleet, "local1") == ["host3"]
         assert data_sum() == written
         cli("migrate", "local1", "--to", "host2", check_code=0)
-        assert where(fleet, "local1") == ["host2"] and holders(fleet, "local1") == ["host2"]
+        assert where(fleet, "local1") == ["host2"] and placed(fleet, "local1") == ["host2"]
 
         def empty_host3() -> None:  # a fresh tmpfs: host3's storage without the image again
             subprocess.run([*hide, "umount", str(paths.images)], check=True)
@@ -263,11 +280,13 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         cli("vm", "suspend", "local1", check_code=0)
         kept = site_saves(lab, "site2") / "local1"
         assert (kept / "disk.qcow2").is_file() and (kept / "disk.qcow2").stat().st_mode & 0o077 == 0
+        assert (kept / "seed.iso").is_file() and (kept / "seed.iso").stat().st_mode & 0o077 == 0
+        assert set(json.loads((kept / "disk.json").read_text())) == {"sha256", "seed_sha256"}
         assert not (paths.saves / "local1").exists()  # the control node sees no site's
         assert c.state.save_of("local1")["record"]["site"] == "site2"
-        assert holders(fleet, "local1") == [] and where(fleet, "local1") == []
+        assert placed(fleet, "local1") == [] and where(fleet, "local1") == []
         cli("vm", "resume", "local1", "--host", "host3", check_code=0)
-        assert where(fleet, "local1") == ["host3"] and holders(fleet, "local1") == ["host3"]
+        assert where(fleet, "local1") == ["host3"] and placed(fleet, "local1") == ["host3"]
         assert not kept.exists() and not sent_image(fleet, "host3", "local1")
         assert not (site_saves(lab, "site3") / "local1").exists()
         assert copied_sum() == debian.sha256
@@ -299,7 +318,7 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
             faults.wait(lambda: holders(fleet, "local1") == [], 60,
                         "the half-loaded copy stayed on host3")
             cli("vm", "resume", "local1", "--host", "host3", check_code=0)
-        assert where(fleet, "local1") == ["host3"] and holders(fleet, "local1") == ["host3"]
+        assert where(fleet, "local1") == ["host3"] and placed(fleet, "local1") == ["host3"]
         faults.wait(lambda: fleet.locate("local1").state() == "running", 60, "not running")
         assert data_sum() == written
 
@@ -314,7 +333,7 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         faults.wait(lambda: len(holders(fleet, "local1")) == 1, 120,
                     "a disk stayed on a host that does not hold the VM")
         running = where(fleet, "local1")
-        assert len(running) == 1 and holders(fleet, "local1") == running
+        assert len(running) == 1 and placed(fleet, "local1") == running
         faults.wait(lambda: (c.state.vm("local1").get("state"), c.state.vm("local1").get("host"))
                     == ("running", running[0]), 60, "the record never agreed")
         assert data_sum() == written
@@ -405,7 +424,7 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
             report = json.loads(cli("host", "reclaim", source, "--json", check_code=0).stdout)
             assert report["migrated"] == ["local1"] and not report["failed"], report
         [target] = where(fleet, "local1")
-        assert target != source and holders(fleet, "local1") == [target]
+        assert target != source and placed(fleet, "local1") == [target]
         assert fleet.locate("local1").state() == "shutoff"  # moved, never booted
         cli("host", "enable", source, check_code=0)
         cli("vm", "start", "local1", check_code=0)
@@ -420,6 +439,6 @@ def test_a_local_disk_moves_with_its_vm_on_every_path(lab, fleet, paths, debian,
         cli("vm", "destroy", "local1")
         lab.up(3, sites=1)
         c.state.r.delete("vmmgr:links")  # what the moves measured of the WAN
-    assert holders(fleet, "local1") == [] and not (paths.saves / "local1").exists()
+    assert placed(fleet, "local1") == [] and not (paths.saves / "local1").exists()
     assert not list((lab.root / "sites").glob("*/saves/local1"))
     assert os_images.verify(paths.images, "debian-12") == debian  # the base was never written

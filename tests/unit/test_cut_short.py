@@ -602,17 +602,21 @@ def test_a_save_whose_local_disk_cannot_be_kept_stays_whole_for_recover(tmp_path
     guest.connection = lambda: "conn"
     fleet = FakeFleet(tmp_path, FakeHost("h1", guest))
     d = cut_short_save(fleet, image=DONE)
-    (d / "domain.xml").write_text(LOCAL)
+    (d / "domain.xml").write_text(LOCAL.replace("</devices>", (  # its seed in the pool
+        "<disk type='file' device='disk'><source file='/var/lib/libvirt/vmmgr-disks/"
+        "vm1-seed.iso'/><target dev='vdb'/><readonly/></disk></devices>")))
     keep = mocker.patch.object(local_disks, "save_to", side_effect=OSError(28, "No space left"))
     with pytest.raises(OSError):
         suspend._saved(d, guest, 900)
     assert (d / "image.partial").is_file() and not (d / "image").exists()
-    keep.side_effect, keep.return_value = None, "ab" * 32
+    keep.side_effect = lambda conn, vm, file, name="": file.name + name
     removed = mocker.patch.object(local_disks, "remove", return_value=True)
     words = suspend.recover(fleet, "vm1")
     assert "had completed" in words and "start" not in guest.calls
     assert (d / "image").is_file() and (d / "record.json").is_file()
-    assert json.loads((d / "disk.json").read_text()) == {"sha256": "ab" * 32}
+    # the disk and its seed kept beside the save, each with its sum
+    assert json.loads((d / "disk.json").read_text()) == {
+        "sha256": "disk.qcow2", "seed_sha256": "seed.isovm1-seed.iso"}
     assert guest.calls == ["undefine"] and removed.call_args.args == ("conn", "vm1")
 
 

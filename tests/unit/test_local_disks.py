@@ -20,6 +20,8 @@ DOMAIN = f"""<domain><devices>
     <target dev='vdc'/></disk>
   <disk type='file' device='disk'><source file='{local_disks.POOL_DIR}/other.qcow2'/>
     <target dev='vdd'/><readonly/></disk>
+  <disk type='file' device='disk'><source file='{local_disks.POOL_DIR}/vm1-seed.iso'/>
+    <target dev='vde'/><readonly/></disk>
 </devices></domain>"""
 
 
@@ -102,8 +104,9 @@ def test_the_pool_lists_each_vm_with_a_disk(mocker):
     import libvirt
     conn = mocker.Mock()
     pool = conn.storagePoolLookupByName.return_value
-    pool.listVolumes.return_value = ["vm1.qcow2", "web-2.qcow2", ".qcow2", "notes.txt"]
-    assert local_disks.held(conn) == {"vm1", "web-2"}
+    pool.listVolumes.return_value = ["vm1.qcow2", "web-2.qcow2", ".qcow2", "notes.txt",
+                                     "vm1-seed.iso", "vm9-seed.iso", "vm1.save"]
+    assert local_disks.held(conn) == {"vm1", "web-2"}  # a seed is not a disk
     pool.isActive.return_value = 0
     assert local_disks.held(conn) == set()
     err = libvirt.libvirtError("no pool")
@@ -111,3 +114,83 @@ def test_the_pool_lists_each_vm_with_a_disk(mocker):
     conn.storagePoolLookupByName.side_effect = err
     assert local_disks.held(conn) == set()  # never used local disks: no pool is made for it
     conn.storagePoolDefineXML.assert_not_called()
+
+
+def _no_domain(mocker, conn):
+    import libvirt
+    err = libvirt.libvirtError("no domain")
+    mocker.patch.object(err, "get_error_code", return_value=libvirt.VIR_ERR_NO_DOMAIN)
+    conn.lookupByName.side_effect = err
+
+
+def test_a_vms_seed_is_removed_before_its_overlay_and_never_while_it_is_defined(mocker):
+    conn, deleted = mocker.Mock(), []
+    vols = {n: mocker.Mock(**{"delete.side_effect": lambda _f, n=n: deleted.append(n)})
+            for n in ("vm1.qcow2", "vm1-seed.iso")}
+    mocker.patch.object(local_disks, "find", side_effect=lambda c, vm, name="":
+                        vols.get(name or local_disks.volume_name(vm)))
+    _no_domain(mocker, conn)
+    assert local_disks.remove(conn, "vm1") is True
+    assert deleted == ["vm1-seed.iso", "vm1.qcow2"]  # a seed never outlives its overlay
+    conn.lookupByName.side_effect = None  # defined here: both stay
+    with pytest.raises(local_disks.VmmgrError, match="defined on this host"):
+        local_disks.remove(conn, "vm1")
+    assert deleted == ["vm1-seed.iso", "vm1.qcow2"]
+
+
+def test_a_copy_that_cannot_send_the_seed_leaves_nothing_on_the_target(mocker):
+    source, target = mocker.Mock(), mocker.Mock()
+    sent = []
+
+    def fake_copy(src, dst, vm, name, progress=None):
+        sent.append(name)
+        if name.endswith("-seed.iso"):
+            raise local_disks.VmmgrError("link cut")
+        return "sum"
+
+    mocker.patch.object(local_disks, "_copy", side_effect=fake_copy)
+    mocker.patch.object(local_disks, "find", return_value=mocker.Mock())
+    remove = mocker.patch.object(local_disks, "remove")
+    with pytest.raises(local_disks.VmmgrError, match="link cut"):
+        local_disks.copy(source, target, "vm1", seed=True)
+    assert sent == ["vm1.qcow2", "vm1-seed.iso"]  # the disk first, then its seed
+    remove.assert_called_once_with(target, "vm1")
+    # the cleanup's own failure (the target stopped answering) hides not the first error
+    remove.side_effect = local_disks.VmmgrError("host3 does not answer")
+    with pytest.raises(local_disks.VmmgrError, match="link cut"):
+        local_disks.copy(source, target, "vm1", seed=True)
+    # a VM made before seeds were kept in the pool: its disk alone is sent
+    sent.clear()
+    assert local_disks.copy(source, target, "vm1", seed=False) == "sum" and sent == ["vm1.qcow2"]
+
+
+def test_a_definition_says_whether_its_seed_is_in_the_pool():
+    assert local_disks.has_pool_seed(DOMAIN.replace("<domain>", "<domain><name>vm1</name>"))
+    # a seed of another name in the pool is not its own; one on storage is not in the pool
+    assert not local_disks.has_pool_seed(DOMAIN.replace("<domain>", "<domain><name>vm2</name>"))
+    old = DOMAIN.replace(f"{local_disks.POOL_DIR}/vm1-seed.iso", "/srv/storage/disks/x.iso")
+    assert not local_disks.has_pool_seed(old.replace("<domain>", "<domain><name>vm1</name>"))
+
+
+def test_a_seed_is_received_into_its_own_volume_and_a_disk_replaces_both(mocker):
+    """`_receive`: a seed arriving replaces only a seed; a disk arriving replaces the VM's
+    volumes there (a run cut short left them); what fails to arrive is removed alone."""
+    conn = mocker.Mock()
+    delete = mocker.patch.object(local_disks, "_delete")
+    remove = mocker.patch.object(local_disks, "remove")
+    mocker.patch.object(local_disks, "ensure_pool")
+    upload = mocker.patch.object(local_disks, "upload", return_value="sum")
+    assert local_disks._receive(conn, "vm1", 3, iter([b"abc"]), None, "vm1-seed.iso") == "sum"
+    delete.assert_called_once_with(conn, "vm1", "vm1-seed.iso")
+    remove.assert_not_called()
+    assert "vm1's seed" in upload.call_args.args[-1]
+    made = ET.fromstring(local_disks.ensure_pool.return_value.createXML.call_args.args[0])
+    assert made.findtext("name") == "vm1-seed.iso"
+    delete.reset_mock()
+    assert local_disks._receive(conn, "vm1", 3, iter([b"abc"]), None) == "sum"
+    remove.assert_called_once_with(conn, "vm1")
+    delete.assert_not_called()
+    upload.side_effect = local_disks.VmmgrError("cut")
+    with pytest.raises(local_disks.VmmgrError):
+        local_disks._receive(conn, "vm1", 3, iter([b"abc"]), None, "vm1-seed.iso")
+    assert delete.call_args_list[-1].args == (conn, "vm1", "vm1-seed.iso")  # not the disk

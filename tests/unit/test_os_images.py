@@ -190,3 +190,28 @@ def test_the_disks_a_cut_short_create_left_hold_the_image_until_destroy_removes_
         with pytest.raises(NotFound, match="unknown VM 'vm9'"):
             fleet.destroy("vm9")
     os_images.remove_image(paths.images, "base", used_by=vms_on(paths, "base"))
+
+
+def test_a_local_disk_a_cut_short_create_left_in_a_hosts_pool_is_left_for_destroy(
+        tmp_path, monkeypatch, redis_url, mocker):
+    """A local-disk create cut short leaves its overlay (and seed) in its host's pool and
+    nothing on storage: destroy must still find something to remove (the review's finding)."""
+    from vmmgr import local_disks
+    from vmmgr.errors import VmmgrError
+    from vmmgr.fleet import Fleet
+    from vmmgr.paths import Paths
+
+    monkeypatch.setenv("VMMGR_REDIS_URL", redis_url)
+    with Fleet(Paths(tmp_path / "home")) as fleet:
+        hosts = [mocker.Mock(), mocker.Mock(), mocker.Mock()]
+        for h, state in zip(hosts, ("active", "active", "reclaimed")):
+            h.record.state = state
+        mocker.patch.object(fleet, "hosts", return_value=hosts)
+        held = mocker.patch.object(local_disks, "held", side_effect=lambda conn: (
+            {"vm9"} if conn is hosts[1].conn else {"vm7"} if conn is hosts[2].conn else set()))
+        assert fleet.has_leftovers("vm9", None)
+        assert not fleet.has_leftovers("vm8", None)
+        assert not fleet.has_leftovers("vm7", None)  # a reclaimed host is not asked
+        held.side_effect = VmmgrError("host2 does not answer")
+        assert not fleet.has_leftovers("vm9", None)  # found there by a later destroy
+        assert fleet.has_leftovers("vm9", "10.78.0.9")  # its address alone is enough

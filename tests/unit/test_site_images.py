@@ -14,7 +14,7 @@ import libvirt
 import pytest
 import redis
 
-from vmmgr import policy as pol, reconcile, site_images
+from vmmgr import local_disks, policy as pol, reconcile, site_images
 from vmmgr.display import progress_line
 from vmmgr.errors import Conflict, MigrationFailed, NotFound, VmmgrError
 from vmmgr.migration import JobProgress, MigrationCancelled, _Migration
@@ -212,8 +212,35 @@ def _move(mocker, lay_errors):
     fleet.state.cancel_asked.return_value = False
     overlay = mocker.patch("vmmgr.local_disks.overlay_of", return_value=(2**30, BASE))
     lay = mocker.patch("vmmgr.local_disks.create_overlay", side_effect=lay_errors)
+    mocker.patch("vmmgr.local_disks.copy_seed")
+    mocker.patch("vmmgr.local_disks.has_pool_seed", return_value=True)
     assert overlay  # patched for the move
     return move, lay
+
+
+def test_a_move_sends_the_seed_after_the_disk_and_takes_the_disk_back_if_it_cannot(mocker):
+    move, lay = _move(mocker, ["/p", "/p"])
+    source, dest = mocker.Mock(), mocker.Mock()
+    move.fleet.host.side_effect = lambda h: source if h == "h1" else dest
+    move.dest = dest
+    mocker.patch("vmmgr.site_images.record", return_value=RECORD)  # the base on both
+    done = []
+    lay.side_effect = lambda *a: done.append("disk") or "/p"
+    local_disks.copy_seed.side_effect = lambda *a: done.append(("seed", *a))
+    move._lay_target_disk()
+    assert done == ["disk", ("seed", source.conn, dest.conn, "vm1")]  # from h1 to h3, after
+    # a VM whose seed is on its site's storage (made before): nothing more is sent
+    local_disks.has_pool_seed.return_value = False
+    done.clear()
+    move._lay_target_disk()
+    assert done == ["disk"]
+    local_disks.has_pool_seed.return_value = True
+    local_disks.copy_seed.side_effect = VmmgrError("link cut")
+    remove = mocker.patch("vmmgr.local_disks.remove")
+    with pytest.raises(MigrationFailed, match=r"h3 could not receive its seed \(.*link cut\); "
+                       "the VM is still running on h1"):
+        move._lay_target_disk()
+    remove.assert_called_once_with(dest.conn, "vm1")
 
 
 def test_a_move_sends_the_base_then_lays_the_disk(mocker):
