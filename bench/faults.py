@@ -499,6 +499,39 @@ def redis_mid_reclaim(c: Lab3, fleet: Fleet) -> None:
         "its acknowledgement was not lost"
 
 
+@fault("Redis SIGKILLed mid-resume, back 5 s later")
+def redis_mid_resume(c: Lab3, fleet: Fleet) -> str:
+    # Killed once the resume has claimed the image: the resume's lease check before the restore
+    # (or any write to the store after it) fails, and the claim is given back, or the restore
+    # has begun and the VM runs on. Its task's message, unacknowledged, may come back after the
+    # visibility timeout: its rerun must find the resume done, or undone, and never restore the
+    # image a second time.
+    c.cli("vm", "suspend", DIRTY)
+    task = c.task_of(c.cli("vm", "resume", DIRTY, "--host", "host2", "--no-wait"))
+    wait(lambda: (c.paths.saves / DIRTY / "claim.json").exists()
+         or not (c.paths.saves / DIRTY).exists(), 60, "no resume began")
+    os.kill(c.lab.services().redis_pid(), signal.SIGKILL)
+    time.sleep(5)
+    c.lab.up(3)  # Redis back from its append-only file, and any worker it took along
+    wait(lambda: c.task_state(task) in ("SUCCESS", "FAILURE")
+         and not c.state.holder("vm", DIRTY), VISIBILITY_TIMEOUT + 180, "the resume did not end")
+    wait(lambda: not suspend.cut_short(fleet), 180, "the cut-short resume was not settled")
+    c.lab.up(3)  # a worker whose consumer died on the reconnect (see redis_mid_reclaim)
+    said = c.task_state(task)
+    ended = f"its task ended {said} in {c.state.task(task).get('runs')} run(s)"
+    # What the task answers must be what happened: a restored VM recorded once the store is
+    # back (`stored`), not a failure, and an undone resume not a success.
+    if suspend.find_suspended(fleet, DIRTY):  # undone before its restore: resume it now
+        if said != "FAILURE":
+            raise RuntimeError(f"the resume was undone, and {ended}")
+        c.cli("vm", "resume", DIRTY, "--host", "host2")
+        return f"undone, the VM saved; {ended}"
+    if said != "SUCCESS":
+        raise RuntimeError(f"the VM was resumed on {[g.host_name for g in fleet.find_all(DIRTY)]}"
+                           f", and {ended}: {c.state.task(task).get('outcome')}")
+    return f"resumed through the store's death; {ended}"
+
+
 @fault("Redis SIGKILLed in a destroy, just after the undefine")
 def redis_mid_destroy(c: Lab3, fleet: Fleet) -> str:
     # In-process, at the one point where the store's death leaves something behind: COUNT is
