@@ -46,7 +46,7 @@ class VMInfo:
     not_live_because: str = ""
     address: str = ""  # its stable address ("" without one)
     held: tuple[str, ...] = ()  # the addresses of the host's devices it holds
-    site_disk: str = ""  # a writable disk on its site's storage: it never leaves that site
+    site_disk: str = ""  # a disk on its site's storage: it never leaves that site
 
 
 IMAGE_WAIT = 60.0  # s a create waits for an image's removal or rebuild to decide (and back)
@@ -164,7 +164,7 @@ class Fleet:
                            "does not see: it runs on a worker of that site")
 
     def require_site_holds(self, vm: str, domain_xml: str, source: str, target: str) -> None:
-        """Refuse to move `vm` from `source` to a host of another site if it has a writable disk
+        """Refuse to move `vm` from `source` to a host of another site if it has a disk
         on its site's storage: that site's storage lacks the disk, or holds another VM's of
         the same name. (Its local disks and base image are sent along; these are not.)"""
         bound = local_disks.site_bound(domain_xml, self.paths.storage)

@@ -64,14 +64,18 @@ def is_local(path: str) -> bool:
 
 
 def site_bound(domain_xml: str, storage: Path) -> list[str]:
-    """The writable disks of a definition on its site's storage (a disk on shared storage, a
-    guest's hibernation swap): a VM with any moves and resumes only inside its site, as another
-    site's storage lacks them (or holds another VM's of that name)."""
+    """The disks of a definition on its site's storage (a disk on shared storage, a guest's
+    hibernation swap, the seed of a local-disk VM made before seeds moved with their disk): a
+    VM with any moves and resumes only inside its site, as another site's storage lacks them
+    (or holds another VM's of that name). Not a read-only OS image, which a site that lacks
+    it receives (`site_images`)."""
     found = []
     for disk in ET.fromstring(domain_xml).iterfind("./devices/disk"):
         source = disk.find("source")
         path = source.get("file") if source is not None else None
-        if path and disk.find("readonly") is None and Path(path).is_relative_to(storage):
+        if path and Path(path).is_relative_to(storage) and not (
+                disk.find("readonly") is not None and Path(path).is_relative_to(
+                    storage / "images")):
             found.append(path)
     return found
 

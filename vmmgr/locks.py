@@ -109,6 +109,14 @@ class Lease:
             raise LockLost(f"{self.kind} {self.name!r}: the lock of {self.what} was lost "
                            "(the store was out of reach longer than the lease); stopped")
 
+    def confirm(self) -> None:
+        """`check`, asked of the store now rather than at the heartbeat's next beat: before a
+        step that must not happen twice, once the store was out of reach (a lock that expired
+        meanwhile may be another's already)."""
+        if not self.lost and not self.state.refresh(self.kind, self.name, self.owner, self.ttl):
+            self.lost = True
+        self.check()
+
     def _heartbeat(self) -> None:
         last_ok = time.monotonic()
         while not self._stop.wait(self.ttl / 3):

@@ -46,7 +46,7 @@ class VMSize:
     device_model: str = ""
     device_count: int = 0
     live: bool = True  # False: a device blocks live migration; the VM moves by hibernating
-    site_bound: bool = False  # a writable disk on its site's storage: it stays in that site
+    site_bound: bool = False  # a disk on its site's storage: it stays in that site
 
 
 def plan_evacuation(vms: list[VMSize], capacities: dict[str, Capacity], deadline: bool,
@@ -282,7 +282,7 @@ def resume_parked(fleet: Fleet, report, synced: bool = False) -> list[str]:
 
 
 def _site_bound(fleet: Fleet, record) -> bool:
-    """Whether a parked VM has a writable disk on its site's storage (it resumes only there)."""
+    """Whether a parked VM has a disk on its site's storage (it resumes only there)."""
     try:
         xml = (suspend.save_dir(fleet, record.vm) / "domain.xml").read_text()
     except OSError:

@@ -30,6 +30,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import redis
+
 from . import console, devices, local_disks, os_images, site_consoles, site_images
 from .errors import (Conflict, HibernationFailed, HostUnreachable, InvalidRequest, NotFound,
                      VmmgrError)
@@ -38,6 +40,7 @@ from .locks import HOUSEKEEPING
 from .placement import choose_host, refusal
 from .render import address_of, group_of, set_console_path, workload_of
 from .spec import validate_name
+from .state import stored
 
 
 @dataclass(frozen=True)
@@ -517,10 +520,10 @@ def _resume_held(fleet: Fleet, vm: str, host: str | None, lease) -> Resumed:
         site_consoles.drop_if_empty(fleet, vm, segment)
         raise
     if record.mode == "guest":
-        return _boot_from_hibernation(fleet, record, target, segment)
+        return _boot_from_hibernation(fleet, record, target, segment, lease)
     if record.mode == "stopped":
         t0 = time.monotonic()
-        _resumed_on(fleet, target, d, segment)  # defined there, not started
+        _resumed_on(fleet, target, d, segment, lease)  # defined there, not started
         return Resumed(vm, host, int((time.monotonic() - t0) * 1000),
                        round(time.time() - record.suspended_at, 1), state="shutoff")
     t0 = time.monotonic()
@@ -541,7 +544,7 @@ def _resume_held(fleet: Fleet, vm: str, host: str | None, lease) -> Resumed:
     # never undone, or the image could be restored a second time.
     restore_ms = int((time.monotonic() - t0) * 1000)
     _drop_images_sent(fleet, vm, d)  # restored: QEMU holds what it needed of it
-    _resumed_on(fleet, target, d, segment)
+    _resumed_on(fleet, target, d, segment, lease)
     return Resumed(vm, host, restore_ms, round(time.time() - record.suspended_at, 1))
 
 
@@ -567,16 +570,22 @@ def _unclaim(d: Path) -> None:
     os.replace(d / CLAIM, d / RECORD)
 
 
-def _resumed_on(fleet: Fleet, host, d: Path, segment: Path | None) -> None:
+def _resumed_on(fleet: Fleet, host, d: Path, segment: Path | None, lease=None) -> None:
     """The VM runs on `host`: defined there for good, its address routed, its save removed."""
     definition = (d / "domain.xml").read_text()
     if segment is not None:
         host.define(set_console_path(definition, segment))
-    fleet.route_address(address_of(definition), host.name)
+    # It runs (or is defined) there already: a store out of reach delays the route, and the
+    # task's answer, until it is back, rather than fail a resume that has happened (seen on the
+    # lab: Redis killed mid-resume, the VM running on its target, its task "failed").
+    stored(lambda: fleet.route_address(address_of(definition), host.name))
+    if lease is not None:  # a lock lost meanwhile: its new holder's `recover` finishes this
+        stored(lease.confirm)
     shutil.rmtree(d)
 
 
-def _boot_from_hibernation(fleet: Fleet, record: Suspended, target, segment: Path) -> Resumed:
+def _boot_from_hibernation(fleet: Fleet, record: Suspended, target, segment: Path,
+                           lease=None) -> Resumed:
     """Define the VM on `target` with that host's free devices and start it: its kernel finds
     the hibernation image on the swap disk and restores the guest exactly where it stopped."""
     d = save_dir(fleet, record.vm)
@@ -600,7 +609,7 @@ def _boot_from_hibernation(fleet: Fleet, record: Suspended, target, segment: Pat
         _drop_loaded_disk(d, target)
         _unclaim(d)  # the image stays on the swap disk, the VM stays suspended
         raise
-    _resumed_on(fleet, target, d, None)
+    _resumed_on(fleet, target, d, None, lease)
     # The kernel restores the image, or finds none it can use and boots afresh: only the guest
     # can tell, and the built-in one does on its console (a real image's kernel is quiet).
     restored = (came_back(fleet.consoles, segment, guest, RESTORE_WAIT)
@@ -770,8 +779,8 @@ def _drop_images_sent(fleet: Fleet, vm: str, d: Path) -> None:
     try:
         local_disks.remove_image(fleet.host(sent["host"]).conn, vm)
         (d / SENT).unlink(missing_ok=True)
-    except VmmgrError:
-        pass
+    except (VmmgrError, redis.RedisError):
+        pass  # (the store out of reach: its inventory is)
 
 
 def _running_idle(guest) -> bool:

@@ -669,3 +669,42 @@ def test_a_restore_runs_on_its_own_connection_and_closes_it(mocker):
     own.restoreFlags.assert_called_once()
     assert own.restoreFlags.call_args.args[:2] == ("/storage/saves/vm1/image", "<domain/>")
     own.close.assert_called_once()
+
+
+def test_a_resume_that_has_happened_waits_for_the_store_to_route_its_address(tmp_path, mocker):
+    """Found on the lab (Redis SIGKILLed mid-resume): the VM ran on its target, but routing its
+    address met the store down and the task answered FAILURE. What has happened is recorded
+    once the store is back (`stored`), and the resume ends well."""
+    import redis
+    d = tmp_path / "vm1"
+    d.mkdir()
+    (d / "domain.xml").write_text("<domain><name>vm1</name></domain>")
+    fleet, host = mocker.Mock(), mocker.Mock()
+    host.name = "h2"
+    fleet.route_address.side_effect = [redis.ConnectionError("refused"), None]
+    slept = mocker.patch("vmmgr.state.time.sleep")
+    lease = mocker.Mock(lost=False)
+    suspend._resumed_on(fleet, host, d, None, lease)
+    assert fleet.route_address.call_count == 2 and slept.called
+    assert not d.exists()  # its save is gone: it runs there
+    lease.confirm.assert_called_once()
+
+
+def test_a_resume_whose_lock_lapsed_while_the_store_was_away_leaves_its_save_to_recover(
+        tmp_path, mocker):
+    """The review's finding: a store away longer than the lease lets another take the VM (the
+    reconcile's `recover`, a redelivered rerun) once it is back; this run must then not remove
+    a save folder that is no longer its own to remove."""
+    from vmmgr.locks import Lease, LockLost
+    d = tmp_path / "vm1"
+    d.mkdir()
+    (d / "domain.xml").write_text("<domain><name>vm1</name></domain>")
+    state = mocker.Mock()
+    state.refresh.return_value = False  # expired meanwhile, or another's now
+    lease = Lease(state, "vm", "vm1", "worker-a/task", "resume of vm1")
+    host = mocker.Mock()
+    host.name = "h2"
+    with pytest.raises(LockLost):
+        suspend._resumed_on(mocker.Mock(), host, d, None, lease)
+    assert (d / "domain.xml").is_file()  # left for the lock's holder to finish
+    state.refresh.assert_called_once_with("vm", "vm1", "worker-a/task", lease.ttl)

@@ -154,15 +154,23 @@ def test_requests_on_a_save_go_to_its_sites_workers(mocker):
     assert queue_for(drain.host, drain.site) == "site.east"
 
 
-def test_a_vm_with_a_writable_disk_on_its_sites_storage_resumes_only_there(tmp_path):
+def test_a_vm_with_a_disk_on_its_sites_storage_resumes_only_there(tmp_path):
     xml = ("<domain><devices>"
            f"<disk><source file='{tmp_path}/disks/a-swap.img'/><target dev='vdb'/></disk>"
            f"<disk><source file='{tmp_path}/images/os/d/disk.qcow2'/><readonly/></disk>"
            "<disk><source file='/var/lib/libvirt/vmmgr-disks/a.qcow2'/></disk>"
+           "<disk><source file='/var/lib/libvirt/vmmgr-disks/a-seed.iso'/><readonly/></disk>"
            "<disk type='network'><source protocol='nbd'/></disk>"
            "</devices></domain>")
     assert local_disks.site_bound(xml, tmp_path) == [f"{tmp_path}/disks/a-swap.img"]
     assert local_disks.site_bound("<domain><devices/></domain>", tmp_path) == []
+    # a local-disk VM made before its seed moved with its disk: its seed, read-only, is on
+    # its site's storage, which another site's lacks (the review's finding)
+    old = ("<domain><devices>"
+           "<disk><source file='/var/lib/libvirt/vmmgr-disks/a.qcow2'/></disk>"
+           f"<disk><source file='{tmp_path}/disks/a-seed.iso'/><readonly/></disk>"
+           "</devices></domain>")
+    assert local_disks.site_bound(old, tmp_path) == [f"{tmp_path}/disks/a-seed.iso"]
 
 
 def test_a_vm_with_a_disk_on_its_sites_storage_never_moves_to_another_site(node, mocker):
