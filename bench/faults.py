@@ -119,12 +119,19 @@ def worker_mid_save(c: Lab3, fleet: Fleet) -> None:
     c.cli("vm", "resume", DIRTY, "--host", "host2")
 
 
-@fault("worker SIGKILLed mid-resume")
-def worker_mid_resume(c: Lab3, fleet: Fleet) -> None:
+def _resume_begun(c: Lab3) -> str:
+    """The dirtier suspended, then a resume to host2 queued: its task once it has claimed the
+    image (or has already ended)."""
     c.cli("vm", "suspend", DIRTY)
     task = c.task_of(c.cli("vm", "resume", DIRTY, "--host", "host2", "--no-wait"))
     wait(lambda: (c.paths.saves / DIRTY / "claim.json").exists()
          or not (c.paths.saves / DIRTY).exists(), 60, "no resume began")
+    return task
+
+
+@fault("worker SIGKILLed mid-resume")
+def worker_mid_resume(c: Lab3, fleet: Fleet) -> None:
+    task = _resume_begun(c)
     c.kill_worker_of(task)
     c.lab.up(3)
     wait(lambda: not suspend.cut_short(fleet) and not c.state.holder("vm", DIRTY), 180,
@@ -506,10 +513,7 @@ def redis_mid_resume(c: Lab3, fleet: Fleet) -> str:
     # has begun and the VM runs on. Its task's message, unacknowledged, may come back after the
     # visibility timeout: its rerun must find the resume done, or undone, and never restore the
     # image a second time.
-    c.cli("vm", "suspend", DIRTY)
-    task = c.task_of(c.cli("vm", "resume", DIRTY, "--host", "host2", "--no-wait"))
-    wait(lambda: (c.paths.saves / DIRTY / "claim.json").exists()
-         or not (c.paths.saves / DIRTY).exists(), 60, "no resume began")
+    task = _resume_begun(c)
     os.kill(c.lab.services().redis_pid(), signal.SIGKILL)
     time.sleep(5)
     c.lab.up(3)  # Redis back from its append-only file, and any worker it took along
