@@ -577,8 +577,16 @@ def _resumed_on(fleet: Fleet, host, d: Path, segment: Path | None, lease=None) -
         host.define(set_console_path(definition, segment))
     # It runs (or is defined) there already: a store out of reach delays the route, and the
     # task's answer, until it is back, rather than fail a resume that has happened (seen on the
-    # lab: Redis killed mid-resume, the VM running on its target, its task "failed").
-    stored(lambda: fleet.route_address(address_of(definition), host.name))
+    # lab: Redis killed mid-resume, the VM running on its target, its task "failed"). An edge
+    # that refuses the route (its lock busy, `wg` failing) fails it no more: the reconcile's
+    # `repair_edge` routes the address to where the VM runs.
+    try:
+        stored(lambda: fleet.route_address(address_of(definition), host.name))
+    except VmmgrError as err:
+        with contextlib.suppress(redis.RedisError):
+            fleet.state.event(f"{d.name}: resumed on {host.name}, but its address is not routed "
+                              f"there yet ({err}); the reconcile routes it", kind="error",
+                              vm=d.name, host=host.name)
     if lease is not None:  # a lock lost meanwhile: its new holder's `recover` finishes this
         stored(lease.confirm)
     shutil.rmtree(d)

@@ -230,3 +230,43 @@ def test_a_resume_whose_answer_is_lost_is_finished_not_undone(make_vm, fleet, pa
     seen = wait_ticks(paths, "lostres", len(ticks(paths, "lostres")) + 5)
     assert_contiguous(seen)
     assert console.hosts_seen(consoles(paths), "lostres") == ["host1", "host2"]
+
+
+def test_a_resume_the_edge_will_not_route_ends_well_and_the_reconcile_routes_it(
+        make_vm, fleet, paths, monkeypatch):
+    """The edge refuses the route once the VM runs on its target (its lock busy past its wait,
+    `wg` failing): the resume has happened all the same, so it answers so, its save is gone and
+    an event says the address is not routed yet; the reconcile's repair routes it. Before, the
+    task answered a failure and the record said suspended while the VM ran."""
+    from vmmgr import operations, reconcile
+    from vmmgr.addresses import pool_for
+    from vmmgr.edge import Edge
+    from vmmgr.errors import VmmgrError
+
+    make_vm("norroute", host="host1", interval=0.1)
+    wait_ticks(paths, "norroute", 5)
+    suspend.suspend(fleet, "norroute")
+
+    def refuse(edge, ip, host):
+        raise VmmgrError("wg set: injected failure")
+
+    monkeypatch.setattr(Edge, "route", refuse)
+    resumed = operations.resume(fleet, operations.LocalReport(fleet), "norroute", "host2")
+    monkeypatch.undo()
+    assert resumed["host"] == "host2"
+    assert where_defined(fleet, "norroute") == ["host2"]
+    assert not (paths.saves / "norroute").exists() and fleet.state.save_of("norroute") is None
+    assert fleet.state.vm("norroute").get("state") == "running"
+    assert any(e["message"].startswith("norroute: resumed on host2, but its address is not "
+                                       "routed there yet (wg set: injected failure)")
+               for e in fleet.state.events(count=200, vm="norroute"))
+    ip = pool_for(paths, fleet.state.r).address_of("norroute")
+    edge = Edge.load(paths, fleet.state)
+    if edge is not None:  # the lab's edge: the repair routes it where the VM runs
+        deadline = time.monotonic() + 60
+        while edge.routes().get(ip) != "host2":
+            assert time.monotonic() < deadline, edge.routes()
+            reconcile.reconcile(fleet, operations.LocalReport(fleet))
+            time.sleep(1)
+    seen = wait_ticks(paths, "norroute", len(ticks(paths, "norroute")) + 5)
+    assert_contiguous(seen)
