@@ -232,10 +232,11 @@ def remove(conn: libvirt.virConnect, vm: str) -> bool:
     there was. Refused while the host defines the VM (running, stopped, or arriving): libvirt
     would delete a disk in use, and the one a VM runs on is never removed."""
     _delete(conn, vm, seed_volume_name(vm))
-    return _delete(conn, vm, volume_name(vm))
+    return _delete(conn, vm)
 
 
-def _delete(conn: libvirt.virConnect, vm: str, name: str) -> bool:
+def _delete(conn: libvirt.virConnect, vm: str, name: str = "") -> bool:
+    """Delete one of the VM's volumes here (`name`; "": its overlay), refused where defined."""
     with translated(f"look up {vm}"):
         try:
             conn.lookupByName(vm)
@@ -287,7 +288,7 @@ def _receive(conn: libvirt.virConnect, vm: str, size: int, chunks: Iterator[byte
     try:
         return upload(conn, vol, size, chunks, progress, f"{vm}'s {_what(name)}")
     except BaseException:
-        _delete(conn, vm, name or volume_name(vm))
+        _delete(conn, vm, name)
         raise
 
 
@@ -328,7 +329,7 @@ def copy(source: libvirt.virConnect, target: libvirt.virConnect, vm: str,
     one host's pool to another's, byte for byte (each host's libvirtd over its own
     connection); returns the SHA-256 of the disk sent, checked against what the target then
     holds. Nothing is left there if either fails."""
-    sent = _copy(source, target, vm, volume_name(vm), progress)
+    sent = _copy(source, target, vm, "", progress)
     if seed:
         try:
             copy_seed(source, target, vm)
@@ -351,9 +352,8 @@ def _copy(source: libvirt.virConnect, target: libvirt.virConnect, vm: str, name:
     if vol is None:
         raise VmmgrError(f"{vm} has no local {_what(name)} to copy")
     size = size_of(vol)
-    receiving = "" if name == volume_name(vm) else name
     with contextlib.closing(chunks_of(source, vol)) as chunks:  # a failed write ends the read
-        sent = _receive(target, vm, size, chunks, progress, receiving)
+        sent = _receive(target, vm, size, chunks, progress, name)
     held = checksum(target, vm, name)
     if held != sent:
         _delete(target, vm, name)
@@ -415,7 +415,7 @@ def load_from(conn: libvirt.virConnect, vm: str, file: Path, expected_sha256: st
 
     sent = _receive(conn, vm, size, chunks(), progress, name)
     if sent != expected_sha256 or checksum(conn, vm, name) != expected_sha256:
-        _delete(conn, vm, name or volume_name(vm))
+        _delete(conn, vm, name)
         raise VmmgrError(f"{vm}'s kept {_what(name)} {file} does not match its checksum: "
                          "not used")
 

@@ -153,7 +153,7 @@ def test_a_copy_that_cannot_send_the_seed_leaves_nothing_on_the_target(mocker):
     remove = mocker.patch.object(local_disks, "remove")
     with pytest.raises(local_disks.VmmgrError, match="link cut"):
         local_disks.copy(source, target, "vm1", seed=True)
-    assert sent == ["vm1.qcow2", "vm1-seed.iso"]  # the disk first, then its seed
+    assert sent == ["", "vm1-seed.iso"]  # the disk ("": its overlay) first, then its seed
     remove.assert_called_once_with(target, "vm1")
     # the cleanup's own failure (the target stopped answering) hides not the first error
     remove.side_effect = local_disks.VmmgrError("host3 does not answer")
@@ -161,7 +161,7 @@ def test_a_copy_that_cannot_send_the_seed_leaves_nothing_on_the_target(mocker):
         local_disks.copy(source, target, "vm1", seed=True)
     # a VM made before seeds were kept in the pool: its disk alone is sent
     sent.clear()
-    assert local_disks.copy(source, target, "vm1", seed=False) == "sum" and sent == ["vm1.qcow2"]
+    assert local_disks.copy(source, target, "vm1", seed=False) == "sum" and sent == [""]
 
 
 def test_a_definition_says_whether_its_seed_is_in_the_pool():
